@@ -1,0 +1,244 @@
+// Loom C++ API: an RAII Communicator, asynchronous Work handles, option structs, one exception.
+//
+// Ownership: a Communicator owns its connections, its progress thread and (on the rank that hosts
+// it) the rendezvous store. Buffers passed to an operation belong to the caller and must stay
+// valid until the operation's Work has completed (wait() returned or test() returned true).
+//
+// Threads: operations on one Communicator may be called from several threads; collectives and
+// barriers run in the order they were called. abort() may be called from any thread at any time.
+// Work may be waited on from any thread.
+//
+// Errors: every failure is a loom::Error carrying an ErrorCode, this rank, the peer involved
+// (when there is one), the sequence number of the collective (when there is one) and file:line.
+// After a peer failure, a timeout or an abort, the Communicator is failed: every later call
+// throws the original cause.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+/// Element types; the values equal loomDataType_t's.
+enum class DataType : int {
+  Int8 = 0,
+  Uint8 = 1,
+  Int32 = 2,
+  Uint32 = 3,
+  Int64 = 4,
+  Uint64 = 5,
+  Float16 = 6,
+  Float32 = 7,
+  Float64 = 8,
+  Bfloat16 = 9,
+};
+
+/// Reductions; the values equal loomRedOp_t's. Avg is a sum divided once by the world size.
+enum class ReduceOp : int { Sum = 0, Prod = 1, Max = 2, Min = 3, Avg = 4 };
+
+/// What went wrong, in the categories a caller can act on.
+enum class ErrorCode : int {
+  InvalidArgument,  ///< a bad argument: null buffer, bad count, unknown datatype, rank out of range
+  InvalidUsage,     ///< calls in a bad order, or ranks that called different things
+  System,           ///< a system call failed (socket, bind, memory)
+  Remote,           ///< a peer died, closed its connection, or sent something malformed
+  Timeout,          ///< a deadline passed; the message says what was awaited from whom
+  Aborted,          ///< the communicator was aborted
+  Internal,         ///< a bug in Loom
+  Cuda,             ///< a CUDA call failed
+};
+
+/// Name of an ErrorCode ("timeout", "remote", ...).
+const char* toString(ErrorCode code);
+/// Name of a datatype ("float32", ...).
+const char* toString(DataType type);
+/// Name of a reduction ("sum", ...).
+const char* toString(ReduceOp op);
+/// Size of one element in bytes.
+size_t sizeOf(DataType type);
+
+/// The one exception type Loom throws.
+class Error : public std::runtime_error {
+ public:
+  /// `message` is the readable cause; what() adds the code, rank, peer, sequence and location.
+  Error(ErrorCode code, const std::string& message, int rank = -1, int peer = -1, int64_t seq = -1,
+        const char* file = nullptr, int line = 0);
+
+  ErrorCode code() const { return code_; }
+  /// The rank that raised the error, or -1 before the rank is known.
+  int rank() const { return rank_; }
+  /// The peer rank involved, or -1.
+  int peer() const { return peer_; }
+  /// The collective sequence number involved, or -1.
+  int64_t seq() const { return seq_; }
+  /// The readable cause alone, without the decorations what() adds.
+  const std::string& message() const { return message_; }
+  /// "file.cc:123" where it was raised, or "".
+  const std::string& where() const { return where_; }
+
+ private:
+  ErrorCode code_;
+  int rank_;
+  int peer_;
+  int64_t seq_;
+  std::string message_;
+  std::string where_;
+};
+
+/// Maps a C++ element type to its DataType.
+template <typename T>
+constexpr DataType dataTypeOf();
+template <> constexpr DataType dataTypeOf<int8_t>() { return DataType::Int8; }
+template <> constexpr DataType dataTypeOf<uint8_t>() { return DataType::Uint8; }
+template <> constexpr DataType dataTypeOf<int32_t>() { return DataType::Int32; }
+template <> constexpr DataType dataTypeOf<uint32_t>() { return DataType::Uint32; }
+template <> constexpr DataType dataTypeOf<int64_t>() { return DataType::Int64; }
+template <> constexpr DataType dataTypeOf<uint64_t>() { return DataType::Uint64; }
+template <> constexpr DataType dataTypeOf<float>() { return DataType::Float32; }
+template <> constexpr DataType dataTypeOf<double>() { return DataType::Float64; }
+
+/// Communicator options. A field left unset takes its environment variable, then the default.
+struct Options {
+  /// Deadline of every wait (LOOM_TIMEOUT in seconds; default 300 s). Zero: unset.
+  std::chrono::milliseconds timeout{0};
+  /// Deadline for all ranks to join (LOOM_INIT_TIMEOUT in seconds; default 120 s). Zero: unset.
+  std::chrono::milliseconds initTimeout{0};
+  /// Name used in log lines and error messages.
+  std::string name = "loom";
+  /// Transports allowed, NCCL-style list (LOOM_TRANSPORT): "tcp", "^shm". Empty: all.
+  std::string transports;
+  /// TCP sockets striped per peer (LOOM_SOCKETS_PER_PEER; default 2). Zero: unset.
+  int socketsPerPeer = 0;
+};
+
+/// The 128-byte rendezvous id (see loomUniqueId). A secret: whoever holds it can join.
+class UniqueId {
+ public:
+  static constexpr size_t kBytes = 128;
+
+  /// Creates an id and starts the rendezvous store it names in this process.
+  static UniqueId create();
+  /// Rebuilds an id from its bytes (as sent by another rank); throws InvalidArgument if malformed.
+  static UniqueId fromBytes(const void* data, size_t size);
+  /// Rebuilds an id from toHex()'s text.
+  static UniqueId fromHex(const std::string& hex);
+
+  const std::array<uint8_t, kBytes>& bytes() const { return bytes_; }
+  /// The bytes as 256 hexadecimal digits, e.g. to pass in an environment variable.
+  std::string toHex() const;
+
+ private:
+  std::array<uint8_t, kBytes> bytes_{};
+};
+
+namespace detail {
+class Request;
+class CommImpl;
+}  // namespace detail
+
+/// Handle to an operation in flight. Copyable; all copies refer to the same operation.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<detail::Request> request);
+
+  /// True once the operation completed; throws its Error if it failed.
+  bool test();
+  /// Waits until the operation completes, at most the communicator's timeout; throws on failure.
+  void wait();
+  /// Waits at most `timeout`; on expiry throws ErrorCode::Timeout naming what was awaited, and
+  /// marks the communicator failed (the peers may be stuck mid-protocol).
+  void wait(std::chrono::milliseconds timeout);
+  /// Bytes moved into the receive buffer (receives), or bytes sent.
+  size_t bytes() const;
+  bool valid() const { return request_ != nullptr; }
+
+ private:
+  std::shared_ptr<detail::Request> request_;
+};
+
+/// Waits for every Work in order; throws the first error.
+void waitAll(std::vector<Work>& works);
+
+/// A group of ranks that communicate. Movable, not copyable; the destructor frees everything.
+class Communicator {
+ public:
+  /// Joins rank `rank` of `size` through `id`; blocks until every rank joined or initTimeout.
+  Communicator(int rank, int size, const UniqueId& id, const Options& options = {});
+  /// Joins from the launcher's environment (see loomCommInitFromEnv in loom.h).
+  static Communicator fromEnv(const Options& options = {});
+
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  ~Communicator();
+
+  int rank() const;
+  int size() const;
+  /// The communicator's name (Options::name).
+  const std::string& name() const;
+
+  // ---- Point-to-point. Ordered per pair and tag; `tag` must be below 2^31. ----
+
+  /// Starts sending `count` elements to `peer`.
+  Work isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0);
+  /// Starts receiving up to `count` elements from `peer`. A larger message fails the Work (and
+  /// the matching send) with InvalidUsage; a smaller one is accepted, Work::bytes() tells.
+  Work irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag = 0);
+  void send(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0);
+  void recv(void* buf, size_t count, DataType type, int peer, uint32_t tag = 0);
+
+  template <typename T>
+  void send(const std::vector<T>& v, int peer, uint32_t tag = 0) {
+    send(v.data(), v.size(), dataTypeOf<T>(), peer, tag);
+  }
+  template <typename T>
+  void recv(std::vector<T>& v, int peer, uint32_t tag = 0) {
+    recv(v.data(), v.size(), dataTypeOf<T>(), peer, tag);
+  }
+
+  // ---- Collectives: asynchronous forms return Work; they complete in call order. ----
+
+  Work ibarrier();
+  /// Returns once every rank entered the barrier.
+  void barrier();
+
+  Work iallReduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op);
+  void allReduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op);
+  Work ibroadcast(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root);
+  void broadcast(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root);
+  Work ireduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op, int root);
+  void reduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op, int root);
+  Work iallGather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType type);
+  void allGather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType type);
+  Work ireduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op);
+  void reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op);
+  Work iallToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type);
+  void allToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type);
+
+  // ---- Lifetime and errors. ----
+
+  /// Fails every pending and later operation with ErrorCode::Aborted and closes connections.
+  /// Any thread; safe to call more than once.
+  void abort();
+  /// Throws the error that marked the communicator failed, if any.
+  void checkError() const;
+  /// The default deadline of waits on this communicator.
+  std::chrono::milliseconds timeout() const;
+
+  /// For the C API and tests: the implementation.
+  detail::CommImpl* impl() const { return impl_.get(); }
+
+ private:
+  explicit Communicator(std::unique_ptr<detail::CommImpl> impl);
+  std::unique_ptr<detail::CommImpl> impl_;
+};
+
+}  // namespace loom

@@ -1,0 +1,218 @@
+#include "bootstrap/launcher_env.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "bootstrap/hostlist.hpp"
+#include "core/format.hpp"
+#include "core/status.hpp"
+
+namespace loom {
+namespace {
+
+struct PairSource {
+  const char* rankVar;
+  const char* sizeVar;
+  const char* launcher;
+};
+
+// Innermost launcher first: see the header.
+const PairSource kRankSources[] = {
+    {"LOOM_RANK", "LOOM_WORLD_SIZE", "explicit"},
+    {"RANK", "WORLD_SIZE", "environment"},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "openmpi"},
+    {"PMI_RANK", "PMI_SIZE", "hydra"},
+    {"SLURM_PROCID", "SLURM_NTASKS", "slurm"},
+};
+
+const PairSource kLocalSources[] = {
+    {"LOOM_LOCAL_RANK", "LOOM_LOCAL_WORLD_SIZE", "explicit"},
+    {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "environment"},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "openmpi"},
+    {"MPI_LOCALRANKID", "MPI_LOCALNRANKS", "hydra"},
+    {"SLURM_LOCALID", nullptr, "slurm"},
+};
+
+bool isSet(const EnvLookup& env, const char* name) {
+  const char* v = env(name);
+  return v != nullptr && *v != '\0';
+}
+
+long long parseInt(const EnvLookup& env, const char* name, long long lo, long long hi) {
+  const char* v = env(name);
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1,
+               strFormat("%s=\"%s\" is not an integer in [%lld, %lld]", name, v, lo, hi));
+  }
+  return x;
+}
+
+std::string from(long long value, const char* var) { return strFormat("%lld from %s", value, var); }
+
+// A port in [20000, 40000) derived from a job identity, the same on every rank of the job.
+int portFromIdentity(const std::string& identity) {
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (unsigned char c : identity) h = (h ^ c) * 16777619u;
+  return 20000 + static_cast<int>(h % 20000u);
+}
+
+}  // namespace
+
+EnvLookup processEnv() {
+  return [](const char* name) -> const char* { return std::getenv(name); };
+}
+
+int slurmTasksOnNode(const std::string& tasksPerNode, int nodeId) {
+  // "2(x3),1": three nodes with 2 tasks, then one node with 1.
+  int node = 0;
+  size_t pos = 0;
+  while (pos < tasksPerNode.size()) {
+    size_t comma = tasksPerNode.find(',', pos);
+    std::string item = tasksPerNode.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    long count = std::strtol(item.c_str(), &end, 10);
+    long repeat = 1;
+    if (end == item.c_str() || count <= 0) return -1;
+    if (*end == '(') {
+      if (end[1] != 'x') return -1;
+      char* end2 = nullptr;
+      repeat = std::strtol(end + 2, &end2, 10);
+      if (repeat <= 0 || *end2 != ')' || end2[1] != '\0') return -1;
+    } else if (*end != '\0') {
+      return -1;
+    }
+    if (nodeId < node + repeat) return static_cast<int>(count);
+    node += static_cast<int>(repeat);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return -1;
+}
+
+LaunchInfo detectLaunch(const EnvLookup& env) {
+  LaunchInfo info;
+  const PairSource* rankSource = nullptr;
+  for (const auto& s : kRankSources) {
+    bool r = isSet(env, s.rankVar), n = isSet(env, s.sizeVar);
+    if (!r && !n) continue;
+    if (r != n) {
+      LOOM_THROW(ErrorCode::InvalidArgument, -1,
+                 strFormat("%s is set but %s is not: set both, or neither", r ? s.rankVar : s.sizeVar,
+                           r ? s.sizeVar : s.rankVar));
+    }
+    rankSource = &s;
+    break;
+  }
+  if (rankSource == nullptr) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1,
+               "no launcher found in the environment: start the program with loomrun, torchrun, srun or mpirun, "
+               "or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+  }
+  info.size = static_cast<int>(parseInt(env, rankSource->sizeVar, 1, 1 << 24));
+  info.rank = static_cast<int>(parseInt(env, rankSource->rankVar, 0, info.size - 1));
+  info.launcher = rankSource->launcher;
+  const std::string launcherKind = info.launcher;
+  if (launcherKind == "environment") {
+    if (isSet(env, "LOOMRUN_JOB")) info.launcher = "loomrun";
+    else if (isSet(env, "TORCHELASTIC_RUN_ID")) info.launcher = "torchrun";
+  }
+  info.provenance.emplace_back("rank", from(info.rank, rankSource->rankVar));
+  info.provenance.emplace_back("world size", from(info.size, rankSource->sizeVar));
+
+  // Local rank and local world size.
+  for (const auto& s : kLocalSources) {
+    if (!isSet(env, s.rankVar)) continue;
+    info.localRank = static_cast<int>(parseInt(env, s.rankVar, 0, info.size - 1));
+    info.provenance.emplace_back("local rank", from(info.localRank, s.rankVar));
+    if (s.sizeVar != nullptr && isSet(env, s.sizeVar)) {
+      info.localSize = static_cast<int>(parseInt(env, s.sizeVar, 1, info.size));
+      info.provenance.emplace_back("local world size", from(info.localSize, s.sizeVar));
+    } else if (s.sizeVar == nullptr) {  // Slurm
+      if (isSet(env, "SLURM_NTASKS_PER_NODE")) {
+        info.localSize = static_cast<int>(parseInt(env, "SLURM_NTASKS_PER_NODE", 1, info.size));
+        info.provenance.emplace_back("local world size", from(info.localSize, "SLURM_NTASKS_PER_NODE"));
+      } else if (isSet(env, "SLURM_TASKS_PER_NODE")) {
+        int node = isSet(env, "SLURM_NODEID") ? static_cast<int>(parseInt(env, "SLURM_NODEID", 0, 1 << 24)) : 0;
+        int n = slurmTasksOnNode(env("SLURM_TASKS_PER_NODE"), node);
+        if (n <= 0) {
+          LOOM_THROW(ErrorCode::InvalidArgument, -1,
+                     strFormat("SLURM_TASKS_PER_NODE=\"%s\" is malformed", env("SLURM_TASKS_PER_NODE")));
+        }
+        info.localSize = n;
+        info.provenance.emplace_back("local world size", from(n, "SLURM_TASKS_PER_NODE and SLURM_NODEID"));
+      }
+    }
+    if (info.localSize > 0 && info.localRank >= info.localSize) {
+      LOOM_THROW(ErrorCode::InvalidArgument, -1,
+                 strFormat("local rank %d is not below the local world size %d", info.localRank, info.localSize));
+    }
+    break;
+  }
+
+  // Rendezvous host.
+  const bool slurm = launcherKind == "slurm";
+  if (isSet(env, "LOOM_MASTER_ADDR")) {
+    info.masterAddr = env("LOOM_MASTER_ADDR");
+    info.provenance.emplace_back("master address", info.masterAddr + " from LOOM_MASTER_ADDR");
+  } else if (isSet(env, "MASTER_ADDR")) {
+    info.masterAddr = env("MASTER_ADDR");
+    info.provenance.emplace_back("master address", info.masterAddr + " from MASTER_ADDR");
+  } else if (slurm && (isSet(env, "SLURM_STEP_NODELIST") || isSet(env, "SLURM_JOB_NODELIST"))) {
+    const char* var = isSet(env, "SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+    info.masterAddr = firstHost(env(var));
+    info.provenance.emplace_back("master address", info.masterAddr + " (first host of " + var + ")");
+  } else if (info.size == 1 || info.localSize == info.size) {
+    info.masterAddr = "127.0.0.1";
+    info.provenance.emplace_back("master address", "127.0.0.1 (every rank is on this node)");
+  } else {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1,
+               strFormat("cannot tell which host runs rank 0 (launcher: %s): set MASTER_ADDR to its host name "
+                         "or address (with mpirun: -x MASTER_ADDR=host)",
+                         info.launcher.c_str()));
+  }
+
+  // Job identity: for the port when none is given, and for the weaker default job key.
+  std::string identity;
+  if (slurm && isSet(env, "SLURM_JOB_ID")) {
+    identity = std::string("slurm:") + env("SLURM_JOB_ID") + ":" + (isSet(env, "SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "");
+  } else if (launcherKind == "openmpi" && (isSet(env, "PMIX_NAMESPACE") || isSet(env, "OMPI_MCA_ess_base_jobid"))) {
+    identity = std::string("openmpi:") + (isSet(env, "PMIX_NAMESPACE") ? env("PMIX_NAMESPACE") : env("OMPI_MCA_ess_base_jobid"));
+  } else if (isSet(env, "TORCHELASTIC_RUN_ID")) {
+    identity = std::string("torchrun:") + env("TORCHELASTIC_RUN_ID");
+  }
+
+  const char* portVar = isSet(env, "LOOM_MASTER_PORT") ? "LOOM_MASTER_PORT" : (isSet(env, "MASTER_PORT") ? "MASTER_PORT" : nullptr);
+  if (portVar != nullptr) {
+    info.masterPort = static_cast<int>(parseInt(env, portVar, 0, 65535));
+    if (info.masterPort == 0) {
+      LOOM_THROW(ErrorCode::InvalidArgument, -1,
+                 strFormat("%s=0: the other ranks cannot learn a port picked at random; give a fixed free port, or "
+                           "start the job with loomrun, which picks one",
+                           portVar));
+    }
+    info.provenance.emplace_back("master port", from(info.masterPort, portVar));
+  } else if (!identity.empty()) {
+    info.masterPort = portFromIdentity(identity);
+    info.provenance.emplace_back("master port", strFormat("%d (derived from the job id %s)", info.masterPort, identity.c_str()));
+  } else {
+    info.masterPort = 29500;
+    info.provenance.emplace_back("master port", "29500 (default; set MASTER_PORT)");
+  }
+
+  if (isSet(env, "LOOM_JOB_KEY")) {
+    info.jobKeySeed = std::string("key:") + env("LOOM_JOB_KEY");
+    info.jobKeyWeak = false;
+    info.provenance.emplace_back("job key", "from LOOM_JOB_KEY");
+  } else {
+    if (identity.empty()) identity = strFormat("addr:%s:%d", info.masterAddr.c_str(), info.masterPort);
+    info.jobKeySeed = identity;
+    info.jobKeyWeak = true;
+    info.provenance.emplace_back("job key", "derived from " + identity + " (weak: set LOOM_JOB_KEY to a random secret)");
+  }
+  return info;
+}
+
+}  // namespace loom

@@ -1,0 +1,50 @@
+// Detection of rank, world size, local rank and rendezvous address from the variables that
+// launchers set, so that users never compute them by hand.
+//
+// Rank and world size come as a pair from the first source present, innermost launcher first:
+//   LOOM_RANK/LOOM_WORLD_SIZE (explicit) > RANK/WORLD_SIZE (loomrun, torchrun, by hand)
+//   > OMPI_COMM_WORLD_RANK/SIZE (Open MPI) > PMI_RANK/PMI_SIZE (MPICH Hydra)
+//   > SLURM_PROCID/SLURM_NTASKS (srun).
+// (mpirun inside a Slurm allocation leaves SLURM_PROCID=0 in every rank: Open MPI must win.)
+// The rendezvous host: LOOM_MASTER_ADDR > MASTER_ADDR > the first host of SLURM_STEP_NODELIST or
+// SLURM_JOB_NODELIST (when Slurm gave the rank) > 127.0.0.1 when every rank is on this node.
+// The port: LOOM_MASTER_PORT > MASTER_PORT > one derived from the job id (Slurm, Open MPI) > 29500.
+// The job key: LOOM_JOB_KEY, else (weaker, documented) the job's identity: Slurm job and step
+// id, Open MPI's namespace, torchrun's run id, or the rendezvous address.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+/// Looks a variable up; returns nullptr when unset.
+using EnvLookup = std::function<const char*(const char*)>;
+
+/// The process environment as an EnvLookup.
+EnvLookup processEnv();
+
+struct LaunchInfo {
+  std::string launcher;  ///< "loomrun", "torchrun", "environment", "openmpi", "hydra", "slurm", "explicit"
+  int rank = -1;
+  int size = -1;
+  int localRank = -1;  ///< -1 when no launcher said
+  int localSize = -1;  ///< -1 when no launcher said
+  std::string masterAddr;
+  int masterPort = -1;
+  std::string jobKeySeed;  ///< the secret the job's key is derived from
+  bool jobKeyWeak = true;  ///< true unless LOOM_JOB_KEY was set
+  /// For each field, where it came from: {"rank", "3 from SLURM_PROCID"}.
+  std::vector<std::pair<std::string, std::string>> provenance;
+};
+
+/// Reads the launch from `env`. Throws loom::Error(InvalidArgument) naming the variable when a
+/// value is malformed or inconsistent, or when no launcher variables are set at all.
+LaunchInfo detectLaunch(const EnvLookup& env);
+
+/// Parses SLURM_TASKS_PER_NODE ("2(x3),1") and returns the count of node `nodeId`, or -1.
+int slurmTasksOnNode(const std::string& tasksPerNode, int nodeId);
+
+}  // namespace loom

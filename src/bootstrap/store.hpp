@@ -1,0 +1,48 @@
+// Store: the small key-value service ranks rendezvous through (set / get / add / wait).
+// Implementations: TcpStoreClient (talks to a TcpStoreServer hosted by one rank) and
+// PrefixStore (a namespace inside another store, one per communicator). Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/deadline.hpp"
+
+namespace loom {
+
+using Bytes = std::vector<uint8_t>;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+  /// The value, or nullopt when the key is not set yet. Never waits.
+  virtual std::optional<Bytes> tryGet(const std::string& key) = 0;
+  /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+
+  /// Waits until `key` is set or the deadline passes (then nullopt).
+  std::optional<Bytes> get(const std::string& key, const Deadline& deadline);
+  /// Waits until every key is set; on the deadline returns false and lists the missing ones.
+  bool waitAll(const std::vector<std::string>& keys, const Deadline& deadline, std::vector<std::string>* missing);
+
+  void setString(const std::string& key, const std::string& value) { set(key, Bytes(value.begin(), value.end())); }
+};
+
+/// Keys of `base` under "prefix/". Shares ownership of base.
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> base) : prefix_(std::move(prefix) + "/"), base_(std::move(base)) {}
+  void set(const std::string& key, const Bytes& value) override { base_->set(prefix_ + key, value); }
+  std::optional<Bytes> tryGet(const std::string& key) override { return base_->tryGet(prefix_ + key); }
+  int64_t add(const std::string& key, int64_t delta) override { return base_->add(prefix_ + key, delta); }
+
+ private:
+  std::string prefix_;
+  std::shared_ptr<Store> base_;
+};
+
+}  // namespace loom

@@ -1,0 +1,123 @@
+#include "bootstrap/tcp_store.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "bootstrap/store_protocol.hpp"
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/status.hpp"
+
+namespace loom {
+
+TcpStoreClient::TcpStoreClient(const std::string& host, int port, const JobKey& key, int rank,
+                               const Deadline& deadline, std::chrono::milliseconds opTimeout)
+    : rank_(rank), opTimeout_(opTimeout) {
+  endpoint_ = host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port) : host + ":" + std::to_string(port);
+  int lastErr = 0;
+  auto pause = std::chrono::milliseconds(10);
+  int attempts = 0;
+  while (!sock_.valid()) {
+    ++attempts;
+    std::vector<SockAddr> addrs;
+    try {
+      addrs = SockAddr::resolve(host, port);
+    } catch (const Error&) {
+      if (deadline.expired()) throw;  // keep trying: DNS may lag behind the allocation
+    }
+    for (const auto& a : addrs) {
+      Deadline attempt(std::chrono::milliseconds(std::min(deadline.remainingMs(), 5000)));
+      Socket s = connectTo(a, attempt, &lastErr);
+      if (!s.valid()) continue;
+      setNoDelay(s.fd());
+      // Handshake: read the server hello, send ours with our proof, check the server's proof.
+      uint8_t hello[storewire::kServerHello];
+      Deadline hs(std::chrono::milliseconds(std::max(deadline.remainingMs(), 5000)));
+      int err = recvAll(s.fd(), hello, sizeof(hello), hs);
+      if (err != 0 || std::memcmp(hello, storewire::kServerMagic, 8) != 0) {
+        LOOM_THROW(ErrorCode::InvalidUsage, rank_,
+                   strFormat("%s does not answer as a Loom rendezvous store (%s): another program holds this port; "
+                             "set MASTER_PORT to a free port",
+                             endpoint_.c_str(), err != 0 ? errnoText(err).c_str() : "unexpected greeting"));
+      }
+      Nonce serverNonce, clientNonce = randomNonce();
+      std::memcpy(serverNonce.data(), hello + 8, 16);
+      Mac proof = computeMac(key, "store-client", serverNonce, clientNonce);
+      uint8_t reply[storewire::kClientHello];
+      std::memcpy(reply, storewire::kClientMagic, 8);
+      std::memcpy(reply + 8, clientNonce.data(), 16);
+      std::memcpy(reply + 24, proof.data(), 32);
+      uint8_t serverProof[storewire::kServerProof];
+      err = sendAll(s.fd(), reply, sizeof(reply), hs);
+      if (err == 0) err = recvAll(s.fd(), serverProof, sizeof(serverProof), hs);
+      if (err != 0 || !macEqual(computeMac(key, "store-server", clientNonce, serverNonce), serverProof)) {
+        LOOM_THROW(ErrorCode::InvalidUsage, rank_,
+                   strFormat("the rendezvous store at %s belongs to another job (it refused our job key or proved a "
+                             "different one): two jobs share this port; give each its own MASTER_PORT, and the same "
+                             "LOOM_JOB_KEY to all ranks of one job",
+                             endpoint_.c_str()));
+      }
+      sock_ = std::move(s);
+      break;
+    }
+    if (sock_.valid()) break;
+    if (deadline.expired()) {
+      LOOM_THROW(ErrorCode::Timeout, rank_,
+                 strFormat("could not reach the rendezvous store at %s within %.0f s (%d attempts; last error: %s): "
+                           "is rank 0 running, and do MASTER_ADDR and MASTER_PORT name its host and a port it can "
+                           "open? (LOOM_INIT_TIMEOUT sets how long to wait)",
+                           endpoint_.c_str(), deadline.totalSeconds(), attempts,
+                           lastErr != 0 ? errnoText(lastErr).c_str() : "no address"));
+    }
+    std::this_thread::sleep_for(std::min(pause, std::chrono::milliseconds(deadline.remainingMs() + 1)));
+    pause = std::min(pause * 2, std::chrono::milliseconds(500));
+  }
+  LOOM_TRACE("connected to the rendezvous store at %s", endpoint_.c_str());
+}
+
+Bytes TcpStoreClient::roundTrip(const Bytes& request, uint8_t* status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sock_.valid()) {
+    LOOM_THROW(ErrorCode::Remote, rank_, strFormat("the connection to the rendezvous store at %s was lost", endpoint_.c_str()));
+  }
+  Deadline deadline(opTimeout_);
+  int err = sendAll(sock_.fd(), request.data(), request.size(), deadline);
+  uint8_t head[5];
+  if (err == 0) err = recvAll(sock_.fd(), head, sizeof(head), deadline);
+  uint32_t len = err == 0 ? storewire::getU32(head) : 0;
+  if (err == 0 && (len < 1 || len > storewire::kMaxFrame + 1)) err = EPROTO;
+  Bytes payload(len > 0 ? len - 1 : 0);
+  if (err == 0 && !payload.empty()) err = recvAll(sock_.fd(), payload.data(), payload.size(), deadline);
+  if (err != 0) {
+    sock_.reset();
+    LOOM_THROW(err == ETIMEDOUT ? ErrorCode::Timeout : ErrorCode::Remote, rank_,
+               strFormat("rendezvous store at %s: %s (did the rank hosting it, rank 0, exit or hang?)",
+                         endpoint_.c_str(), errnoText(err).c_str()));
+  }
+  *status = head[4];
+  return payload;
+}
+
+void TcpStoreClient::set(const std::string& key, const Bytes& value) {
+  uint8_t status = 0;
+  roundTrip(storewire::encodeRequest(storewire::Op::Set, key, value), &status);
+}
+
+std::optional<Bytes> TcpStoreClient::tryGet(const std::string& key) {
+  uint8_t status = 0;
+  Bytes v = roundTrip(storewire::encodeRequest(storewire::Op::TryGet, key, {}), &status);
+  if (status == static_cast<uint8_t>(storewire::Reply::NotFound)) return std::nullopt;
+  return v;
+}
+
+int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
+  Bytes v(8);
+  storewire::putI64(v.data(), delta);
+  uint8_t status = 0;
+  Bytes r = roundTrip(storewire::encodeRequest(storewire::Op::Add, key, v), &status);
+  if (r.size() != 8) LOOM_THROW(ErrorCode::Remote, rank_, "rendezvous store: malformed reply to add");
+  return storewire::getI64(r.data());
+}
+
+}  // namespace loom

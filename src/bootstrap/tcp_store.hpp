@@ -1,0 +1,41 @@
+// TcpStoreClient: a Store that talks to a TcpStoreServer. Connects with retries until the
+// deadline (rank 0 may start last), proves the job key and checks the server's proof (so a
+// store of another job on the same port is recognised as such). Thread-safe; every request is
+// bounded by the client's operation timeout.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <string>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/store.hpp"
+#include "transport/socket.hpp"
+
+namespace loom {
+
+class TcpStoreClient : public Store {
+ public:
+  /// Connects to host:port. `rank` is for messages. Throws Error(Timeout) naming the host and port
+  /// when nobody answers by `deadline`, Error(InvalidUsage) when the server has another job's key.
+  TcpStoreClient(const std::string& host, int port, const JobKey& key, int rank, const Deadline& deadline,
+                 std::chrono::milliseconds opTimeout);
+
+  void set(const std::string& key, const Bytes& value) override;
+  std::optional<Bytes> tryGet(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+
+  /// "host:port" of the server.
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  Bytes roundTrip(const Bytes& request, uint8_t* status);
+
+  std::string endpoint_;
+  int rank_;
+  std::chrono::milliseconds opTimeout_;
+  std::mutex mu_;
+  Socket sock_;
+};
+
+}  // namespace loom

@@ -1,0 +1,52 @@
+// TcpStoreServer: the rendezvous store, hosted by one rank (or by the process that made a unique
+// id) on a thread of its own. Serves any number of clients with poll(); every client must pass the
+// job-key handshake (store_protocol.hpp) within a few seconds or is dropped and logged; a client
+// that sends anything malformed is dropped and logged; the store goes on serving the others.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/store.hpp"
+#include "transport/socket.hpp"
+
+namespace loom {
+
+class TcpStoreServer {
+ public:
+  /// Listens on `addr` (port 0: a free port). Throws Error(System) with advice when the port is
+  /// taken or cannot be bound.
+  TcpStoreServer(const SockAddr& addr, const JobKey& key);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  /// The port actually bound.
+  int port() const { return port_; }
+  /// Connections refused so far (bad handshake, malformed requests): for tests and logs.
+  int rejected() const { return rejected_.load(); }
+
+ private:
+  struct Client;
+  void run();
+  void onAccept();
+  // Returns false when the client must be dropped.
+  bool onReadable(Client& c);
+  bool handleRequests(Client& c);
+  bool flush(Client& c);
+
+  JobKey key_;
+  Socket listener_;
+  int port_ = 0;
+  int wakeFd_[2] = {-1, -1};
+  std::map<int, std::unique_ptr<Client>> clients_;
+  std::map<std::string, Bytes> data_;  // touched only by the server thread
+  std::atomic<int> rejected_{0};
+  std::thread thread_;
+};
+
+}  // namespace loom

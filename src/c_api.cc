@@ -1,0 +1,402 @@
+// The C API. Every extern "C" function goes through guard(), which maps loom::Error codes to
+// loomResult_t and keeps the message for loomGetLastError().
+//
+// Handles: a loomComm_t is looked up in a registry of live communicators on every call, so a
+// destroyed or bogus handle is an error rather than a crash. Each call holds a reference for its
+// duration, so loomCommAbort from another thread unblocks the call and the memory goes only when
+// the call has returned.
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/comm_impl.hpp"
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "loom/loom.h"
+#include "loom/loom.hpp"
+
+struct loomComm {
+  std::unique_ptr<loom::Communicator> comm;
+};
+
+namespace {
+
+using loom::ErrorCode;
+
+thread_local std::string tlsLastError;
+
+std::mutex& registryMutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<loomComm*, std::shared_ptr<loomComm>>& registry() {
+  static auto* r = new std::unordered_map<loomComm*, std::shared_ptr<loomComm>>();
+  return *r;
+}
+
+std::shared_ptr<loomComm> lookup(loomComm_t handle) {
+  if (handle == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "comm is NULL");
+  std::lock_guard<std::mutex> lock(registryMutex());
+  auto it = registry().find(handle);
+  if (it == registry().end()) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, "comm is not a live communicator (destroyed already, or never created)");
+  }
+  return it->second;
+}
+
+std::shared_ptr<loomComm> unregister(loomComm_t handle) {
+  std::lock_guard<std::mutex> lock(registryMutex());
+  auto it = registry().find(handle);
+  if (it == registry().end()) return nullptr;
+  auto c = it->second;
+  registry().erase(it);
+  return c;
+}
+
+loomResult_t toResult(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::InvalidArgument: return loomInvalidArgument;
+    case ErrorCode::InvalidUsage: return loomInvalidUsage;
+    case ErrorCode::System: return loomSystemError;
+    case ErrorCode::Remote: return loomRemoteError;
+    case ErrorCode::Timeout: return loomTimeout;
+    case ErrorCode::Aborted: return loomAborted;
+    case ErrorCode::Internal: return loomInternalError;
+    case ErrorCode::Cuda: return loomUnhandledCudaError;
+  }
+  return loomInternalError;
+}
+
+template <typename F>
+loomResult_t guard(F&& f) {
+  try {
+    f();
+    return loomSuccess;
+  } catch (const loom::Error& e) {
+    tlsLastError = e.what();
+    LOOM_INFO("%s", e.what());
+    return toResult(e.code());
+  } catch (const std::bad_alloc&) {
+    tlsLastError = "loom system error: out of memory";
+    return loomSystemError;
+  } catch (const std::exception& e) {
+    tlsLastError = std::string("loom internal error: ") + e.what();
+    return loomInternalError;
+  } catch (...) {
+    tlsLastError = "loom internal error: unknown exception";
+    return loomInternalError;
+  }
+}
+
+void checkHostStream(loomStream_t stream, const char* what) {
+  if (stream != nullptr) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1,
+               loom::strFormat("%s: a stream was given, but this Loom is built without CUDA: pass NULL for host "
+                               "buffers",
+                               what));
+  }
+}
+
+loom::DataType toType(loomDataType_t t) {
+  if (static_cast<int>(t) < 0 || static_cast<int>(t) >= loomNumTypes) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, loom::strFormat("unknown datatype %d", static_cast<int>(t)));
+  }
+  return static_cast<loom::DataType>(t);
+}
+
+loom::ReduceOp toOp(loomRedOp_t op) {
+  if (static_cast<int>(op) < 0 || static_cast<int>(op) >= loomNumOps) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, loom::strFormat("unknown reduction op %d", static_cast<int>(op)));
+  }
+  return static_cast<loom::ReduceOp>(op);
+}
+
+loom::Options toOptions(const loomConfig_t* config) {
+  loom::Options o;
+  if (config == nullptr) return o;
+  if (config->magic != LOOM_CONFIG_MAGIC || config->size != sizeof(loomConfig_t)) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1,
+               "config was not initialised with LOOM_CONFIG_INITIALIZER (or comes from another Loom version)");
+  }
+  if (config->timeoutMs > 0) o.timeout = std::chrono::milliseconds(config->timeoutMs);
+  if (config->initTimeoutMs > 0) o.initTimeout = std::chrono::milliseconds(config->initTimeoutMs);
+  if (config->name != nullptr) o.name = config->name;
+  if (config->transports != nullptr) o.transports = config->transports;
+  if (config->socketsPerPeer > 0) o.socketsPerPeer = config->socketsPerPeer;
+  return o;
+}
+
+loomComm_t registerComm(loom::Communicator&& c) {
+  auto h = std::make_shared<loomComm>();
+  h->comm = std::make_unique<loom::Communicator>(std::move(c));
+  std::lock_guard<std::mutex> lock(registryMutex());
+  registry()[h.get()] = h;
+  return h.get();
+}
+
+// Grouped point-to-point: recorded per thread, posted together at the outermost loomGroupEnd.
+struct GroupOp {
+  std::shared_ptr<loomComm> comm;
+  bool send;
+  void* buf;
+  size_t count;
+  loom::DataType type;
+  int peer;
+};
+struct GroupState {
+  int depth = 0;
+  std::vector<GroupOp> ops;
+};
+thread_local GroupState tlsGroup;
+
+loomResult_t p2p(bool send, const void* buf, size_t count, loomDataType_t datatype, int peer, loomComm_t comm,
+                 loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    const char* what = send ? "send" : "recv";
+    checkHostStream(stream, what);
+    loom::DataType type = toType(datatype);
+    loom::LogRankScope scope(c->comm->rank());
+    // Validate now, so that a bad argument is reported by the call that made it.
+    c->comm->impl()->checkPeer(peer, what);
+    c->comm->impl()->checkBuffer(buf, count, type, what);
+    if (tlsGroup.depth > 0) {
+      tlsGroup.ops.push_back(GroupOp{c, send, const_cast<void*>(buf), count, type, peer});
+      return;
+    }
+    if (send) c->comm->send(buf, count, type, peer);
+    else c->comm->recv(const_cast<void*>(buf), count, type, peer);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+loomResult_t loomGetVersion(int* version) {
+  return guard([&] {
+    if (version == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "version is NULL");
+    *version = LOOM_VERSION_CODE;
+  });
+}
+
+loomResult_t loomGetUniqueId(loomUniqueId* uniqueId) {
+  return guard([&] {
+    if (uniqueId == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "uniqueId is NULL");
+    auto id = loom::UniqueId::create();
+    std::memcpy(uniqueId->internal, id.bytes().data(), LOOM_UNIQUE_ID_BYTES);
+  });
+}
+
+loomResult_t loomCommInitRankConfig(loomComm_t* comm, int nranks, loomUniqueId commId, int rank,
+                                    const loomConfig_t* config) {
+  return guard([&] {
+    if (comm == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, rank, "comm is NULL");
+    *comm = nullptr;
+    auto id = loom::UniqueId::fromBytes(commId.internal, LOOM_UNIQUE_ID_BYTES);
+    *comm = registerComm(loom::Communicator(rank, nranks, id, toOptions(config)));
+  });
+}
+
+loomResult_t loomCommInitRank(loomComm_t* comm, int nranks, loomUniqueId commId, int rank) {
+  return loomCommInitRankConfig(comm, nranks, commId, rank, nullptr);
+}
+
+loomResult_t loomCommInitFromEnv(loomComm_t* comm, const loomConfig_t* config) {
+  return guard([&] {
+    if (comm == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "comm is NULL");
+    *comm = nullptr;
+    *comm = registerComm(loom::Communicator::fromEnv(toOptions(config)));
+  });
+}
+
+loomResult_t loomCommFinalize(loomComm_t comm) {
+  return guard([&] {
+    auto c = lookup(comm);
+    c->comm->checkError();
+  });
+}
+
+loomResult_t loomCommDestroy(loomComm_t comm) {
+  return guard([&] {
+    if (unregister(comm) == nullptr) lookup(comm);  // throws the right message
+    // The communicator is freed when the last call still using it returns.
+  });
+}
+
+loomResult_t loomCommAbort(loomComm_t comm) {
+  return guard([&] {
+    auto c = unregister(comm);
+    if (c == nullptr) lookup(comm);
+    c->comm->abort();
+  });
+}
+
+loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t* asyncError) {
+  return guard([&] {
+    if (asyncError == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "asyncError is NULL");
+    auto c = lookup(comm);
+    *asyncError = loomSuccess;
+    try {
+      c->comm->checkError();
+    } catch (const loom::Error& e) {
+      *asyncError = toResult(e.code());
+    }
+  });
+}
+
+loomResult_t loomCommCount(const loomComm_t comm, int* count) {
+  return guard([&] {
+    if (count == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "count is NULL");
+    *count = lookup(comm)->comm->size();
+  });
+}
+
+loomResult_t loomCommUserRank(const loomComm_t comm, int* rank) {
+  return guard([&] {
+    if (rank == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "rank is NULL");
+    *rank = lookup(comm)->comm->rank();
+  });
+}
+
+const char* loomGetErrorString(loomResult_t result) {
+  switch (result) {
+    case loomSuccess: return "no error";
+    case loomUnhandledCudaError: return "unhandled CUDA error";
+    case loomSystemError: return "system error (socket, memory or file)";
+    case loomInternalError: return "internal error (a bug in Loom)";
+    case loomInvalidArgument: return "invalid argument";
+    case loomInvalidUsage: return "invalid usage";
+    case loomRemoteError: return "remote process exited or a network error occurred";
+    case loomInProgress: return "operation in progress";
+    case loomTimeout: return "timeout";
+    case loomAborted: return "communicator aborted";
+    default: return "unknown result code";
+  }
+}
+
+const char* loomGetLastError(loomComm_t comm) {
+  if (comm != nullptr) {
+    std::shared_ptr<loomComm> c;
+    {
+      std::lock_guard<std::mutex> lock(registryMutex());
+      auto it = registry().find(comm);
+      if (it != registry().end()) c = it->second;
+    }
+    if (c) {
+      try {
+        c->comm->checkError();
+      } catch (const loom::Error& e) {
+        tlsLastError = e.what();
+      }
+    }
+  }
+  return tlsLastError.c_str();
+}
+
+loomResult_t loomSend(const void* sendbuff, size_t count, loomDataType_t datatype, int peer, loomComm_t comm,
+                      loomStream_t stream) {
+  return p2p(true, sendbuff, count, datatype, peer, comm, stream);
+}
+
+loomResult_t loomRecv(void* recvbuff, size_t count, loomDataType_t datatype, int peer, loomComm_t comm,
+                      loomStream_t stream) {
+  return p2p(false, recvbuff, count, datatype, peer, comm, stream);
+}
+
+loomResult_t loomGroupStart(void) {
+  ++tlsGroup.depth;
+  return loomSuccess;
+}
+
+loomResult_t loomGroupEnd(void) {
+  if (tlsGroup.depth == 0) {
+    return guard([] { LOOM_THROW(ErrorCode::InvalidUsage, -1, "loomGroupEnd without loomGroupStart"); });
+  }
+  if (--tlsGroup.depth > 0) return loomSuccess;
+  std::vector<GroupOp> ops;
+  ops.swap(tlsGroup.ops);
+  std::vector<loom::Work> works;
+  loomResult_t first = guard([&] {
+    // Receives first, then sends: every receive is posted before any large send needs it.
+    for (int pass = 0; pass < 2; ++pass)
+      for (auto& op : ops) {
+        if (op.send != (pass == 1)) continue;
+        works.push_back(op.send ? op.comm->comm->isend(op.buf, op.count, op.type, op.peer)
+                                : op.comm->comm->irecv(op.buf, op.count, op.type, op.peer));
+      }
+  });
+  for (auto& w : works) {
+    loomResult_t r = guard([&] { w.wait(); });
+    if (first == loomSuccess) first = r;
+  }
+  return first;
+}
+
+loomResult_t loomBarrier(loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    checkHostStream(stream, "barrier");
+    loom::LogRankScope scope(c->comm->rank());
+    c->comm->barrier();
+  });
+}
+
+loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
+                           loomRedOp_t op, loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    checkHostStream(stream, "all-reduce");
+    c->comm->allReduce(sendbuff, recvbuff, count, toType(datatype), toOp(op));
+  });
+}
+
+loomResult_t loomBroadcast(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, int root,
+                           loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    checkHostStream(stream, "broadcast");
+    c->comm->broadcast(sendbuff, recvbuff, count, toType(datatype), root);
+  });
+}
+
+loomResult_t loomReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomRedOp_t op,
+                        int root, loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    checkHostStream(stream, "reduce");
+    c->comm->reduce(sendbuff, recvbuff, count, toType(datatype), toOp(op), root);
+  });
+}
+
+loomResult_t loomAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, loomDataType_t datatype,
+                           loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    checkHostStream(stream, "all-gather");
+    c->comm->allGather(sendbuff, recvbuff, sendcount, toType(datatype));
+  });
+}
+
+loomResult_t loomReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, loomDataType_t datatype,
+                               loomRedOp_t op, loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    checkHostStream(stream, "reduce-scatter");
+    c->comm->reduceScatter(sendbuff, recvbuff, recvcount, toType(datatype), toOp(op));
+  });
+}
+
+loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
+                          loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    checkHostStream(stream, "all-to-all");
+    c->comm->allToAll(sendbuff, recvbuff, count, toType(datatype));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,252 @@
+#include "core/comm_impl.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "collectives/plan.hpp"
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/param.hpp"
+#include "transport/registry.hpp"
+#include "transport/self_connection.hpp"
+
+namespace loom {
+namespace detail {
+namespace {
+
+LOOM_PARAM_INT(timeoutParam, "LOOM_TIMEOUT", 300, "seconds any wait may last before it fails with a timeout");
+LOOM_PARAM_INT(initTimeoutParam, "LOOM_INIT_TIMEOUT", 120, "seconds all ranks have to join a communicator");
+LOOM_PARAM_INT(socketsPerPeerParam, "LOOM_SOCKETS_PER_PEER", 2, "TCP sockets striped per peer (1 to 16)");
+
+std::string hostName() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+std::string joinRanks(const std::vector<int>& ranks) {
+  // "0-2,5,7-8"
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin)
+    : rank_(rank),
+      size_(size),
+      name_(options.name.empty() ? "loom" : options.name),
+      failure_(std::make_shared<FailureState>()),
+      access_(std::move(access)) {
+  LogRankScope logScope(rank);
+  timeout_ = options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(timeoutParam() * 1000);
+  const auto initTimeout =
+      options.initTimeout.count() > 0 ? options.initTimeout : std::chrono::milliseconds(initTimeoutParam() * 1000);
+  const int sockets = options.socketsPerPeer > 0 ? options.socketsPerPeer : static_cast<int>(socketsPerPeerParam());
+  if (sockets < 1 || sockets > 16) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank, strFormat("sockets per peer must be 1 to 16, not %d", sockets));
+  }
+  Deadline deadline(initTimeout);
+  Store& store = *access_.store;
+
+  // 1. Announce ourselves, so that a rank that waits can say who is missing.
+  const std::string me = strFormat("%s pid %d", hostName().c_str(), static_cast<int>(getpid()));
+  store.setString("join/" + std::to_string(rank), me);
+
+  // 2. Publish every transport's endpoint, then wait for everyone to have joined.
+  engine_ = std::make_unique<ProgressEngine>(rank);
+  try {
+    join(options, sockets, deadline, origin);
+  } catch (...) {
+    // Members are destroyed in reverse order without the destructor: stop the engine thread
+    // first so that it never touches a connection being freed.
+    engine_->stop();
+    conns_.clear();
+    throw;
+  }
+}
+
+void CommImpl::join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin) {
+  const int rank = rank_, size = size_;
+  Store& store = *access_.store;
+  auto entries = selectTransports(options.transports);
+  TransportContext ctx;
+  ctx.rank = rank;
+  ctx.size = size;
+  ctx.store = &store;
+  ctx.key = access_.key;
+  ctx.commId = access_.commId;
+  ctx.engine = engine_.get();
+  ctx.failure = failure_;
+  ctx.deadline = deadline;
+  ctx.socketsPerPeer = sockets;
+  // One transport connects every pair for now; per-pair choice arrives with shared memory.
+  transports_.push_back(entries.front().make());
+  transports_.front()->publish(ctx);
+
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back("join/" + std::to_string(r));
+  std::vector<std::string> missing;
+  if (!store.waitAll(keys, deadline, &missing)) {
+    std::vector<int> absent;
+    for (const auto& k : missing) absent.push_back(std::stoi(k.substr(5)));
+    LOOM_THROW(ErrorCode::Timeout, rank,
+               strFormat("only %d of %d ranks joined communicator \"%s\" at %s within %.0f s; missing rank(s) %s. "
+                         "Did they start, with the same world size and MASTER_ADDR/MASTER_PORT? (LOOM_INIT_TIMEOUT "
+                         "sets the wait)",
+                         size - static_cast<int>(absent.size()), size, name_.c_str(), access_.endpoint.c_str(),
+                         deadline.totalSeconds(), joinRanks(absent).c_str()));
+  }
+
+  // 3. Connect to every peer.
+  std::vector<int> peers;
+  for (int r = 0; r < size; ++r)
+    if (r != rank) peers.push_back(r);
+  auto conns = transports_.front()->connect(ctx, peers);
+  conns_.resize(static_cast<size_t>(size));
+  for (size_t i = 0; i < peers.size(); ++i) conns_[static_cast<size_t>(peers[i])] = std::move(conns[i]);
+  conns_[static_cast<size_t>(rank)] = std::make_unique<SelfConnection>(rank);
+
+  // 4. Wait until every rank is connected, so nobody leaves while another still needs the store.
+  store.setString("ready/" + std::to_string(rank), "1");
+  keys.clear();
+  for (int r = 0; r < size; ++r) keys.push_back("ready/" + std::to_string(r));
+  if (!store.waitAll(keys, deadline, &missing)) {
+    std::vector<int> absent;
+    for (const auto& k : missing) absent.push_back(std::stoi(k.substr(6)));
+    LOOM_THROW(ErrorCode::Timeout, rank,
+               strFormat("rank(s) %s did not finish connecting within %.0f s", joinRanks(absent).c_str(),
+                         deadline.totalSeconds()));
+  }
+
+  queue_ = std::make_unique<OpQueue>(rank);
+  failure_->setHook([this](const Status& s) { failEverything(s); });
+  if (logLevel() >= LogLevel::Info) {
+    LOOM_INFO("communicator \"%s\": rank %d of %d ready (%s; store %s; timeout %.0f s)", name_.c_str(), rank, size,
+              origin.c_str(), access_.endpoint.c_str(), static_cast<double>(timeout_.count()) / 1000.0);
+    for (int r = 0; r < size; ++r)
+      if (r != rank) LOOM_INFO("%s", conns_[static_cast<size_t>(r)]->describe().c_str());
+  }
+}
+
+CommImpl::~CommImpl() {
+  failure_->setHook(nullptr);
+  Status bye = Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was destroyed", name_.c_str()));
+  if (queue_) queue_->shutdown(bye);
+  engine_->stop();
+  for (auto& c : conns_)
+    if (c) c->failAll(bye);
+  conns_.clear();
+  transports_.clear();
+}
+
+void CommImpl::failEverything(const Status& status) {
+  if (queue_) queue_->shutdown(status);
+  for (auto& c : conns_)
+    if (c) c->failAll(status);
+}
+
+void CommImpl::abort() {
+  if (aborted_.exchange(true)) return;
+  LOOM_INFO("communicator \"%s\" aborted", name_.c_str());
+  failure_->fail(Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was aborted", name_.c_str())));
+}
+
+void CommImpl::checkOk() const {
+  if (failure_->failed()) throw failure_->first().toError(rank_);
+}
+
+void CommImpl::checkPeer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size_) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank_,
+               strFormat("%s: rank %d is out of range for a communicator of %d ranks (0 to %d)", what, peer, size_,
+                         size_ - 1));
+  }
+}
+
+size_t CommImpl::checkBuffer(const void* buf, size_t count, DataType type, const char* what) const {
+  const int t = static_cast<int>(type);
+  if (t < 0 || t > static_cast<int>(DataType::Bfloat16)) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("%s: unknown datatype %d", what, t));
+  }
+  const size_t elem = sizeOf(type);
+  if (count > SIZE_MAX / elem || count > static_cast<size_t>(INT64_MAX) / elem) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank_,
+               strFormat("%s: count %zu of %s overflows (negative count passed as size_t?)", what, count,
+                         toString(type)));
+  }
+  if (buf == nullptr && count > 0) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("%s: null buffer with count %zu", what, count));
+  }
+  return count * elem;
+}
+
+RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what) {
+  auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_);
+  conns_[static_cast<size_t>(peer)]->isend(req, buf, bytes, tag);
+  return req;
+}
+
+RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what) {
+  auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_);
+  conns_[static_cast<size_t>(peer)]->irecv(req, buf, bytes, tag);
+  return req;
+}
+
+RequestPtr CommImpl::isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag) {
+  checkOk();
+  checkPeer(peer, "send");
+  size_t bytes = checkBuffer(buf, count, type, "send");
+  if (tag >= kCollectiveTagBit) LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("send: tag %u is not below 2^31", tag));
+  return postSend(peer, buf, bytes, tag,
+                  strFormat("send of %zu %s to rank %d (tag %u)", count, toString(type), peer, tag));
+}
+
+RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
+  checkOk();
+  checkPeer(peer, "recv");
+  size_t bytes = checkBuffer(buf, count, type, "recv");
+  if (tag >= kCollectiveTagBit) LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("recv: tag %u is not below 2^31", tag));
+  return postRecv(peer, buf, bytes, tag,
+                  strFormat("recv of %zu %s from rank %d (tag %u)", count, toString(type), peer, tag));
+}
+
+RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)> body) {
+  checkOk();
+  const int64_t seq = nextSeq_.fetch_add(1);
+  auto done = std::make_shared<Request>(rank_, -1, strFormat("%s #%lld", what.c_str(), static_cast<long long>(seq)),
+                                        timeout_, failure_);
+  queue_->submit(done, [body = std::move(body), seq] { body(seq); });
+  return done;
+}
+
+void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& body) {
+  checkOk();
+  // Inline only when idle; the sequence number is taken inside so that it follows call order.
+  bool ran = queue_->runInlineIfIdle([&] { body(nextSeq_.fetch_add(1)); });
+  if (!ran) submit(what, body)->wait();
+}
+
+void CommImpl::barrierBody(int64_t seq) {
+  const uint32_t tag = collectiveTag(seq);
+  uint8_t token = 0, sink = 0;
+  for (const auto& round : planDisseminationBarrier(rank_, size_)) {
+    auto r = postRecv(round.from, &sink, 0, tag,
+                      strFormat("barrier #%lld: signal from rank %d", static_cast<long long>(seq), round.from));
+    auto s = postSend(round.to, &token, 0, tag,
+                      strFormat("barrier #%lld: signal to rank %d", static_cast<long long>(seq), round.to));
+    s->wait();
+    r->wait();
+  }
+}
+
+}  // namespace detail
+}  // namespace loom

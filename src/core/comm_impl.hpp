@@ -1,0 +1,88 @@
+// CommImpl: the communicator behind loom::Communicator and loomComm_t.
+//
+// Owns, in destruction order: the op queue (stopped first), the progress engine (stopped before
+// connections go), the connections (one per peer, a SelfConnection for itself), the transports,
+// the store and, on the rank that hosts it, a reference keeping the store server up.
+//
+// Threads: isend/irecv and the collective entry points may be called from any thread. abort()
+// from any thread. Collectives run in call order on the OpQueue.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/rendezvous.hpp"
+#include "core/op_queue.hpp"
+#include "core/progress_engine.hpp"
+#include "core/request.hpp"
+#include "loom/loom.hpp"
+#include "transport/transport.hpp"
+
+namespace loom {
+namespace detail {
+
+/// Tags at or above this value belong to collectives; user tags stay below.
+constexpr uint32_t kCollectiveTagBit = 0x80000000u;
+inline uint32_t collectiveTag(int64_t seq) { return kCollectiveTagBit | static_cast<uint32_t>(seq & 0x7fffffff); }
+
+class CommImpl {
+ public:
+  /// Joins the communicator: blocks until every rank has joined and every link is up, or throws.
+  CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin);
+  ~CommImpl();
+  CommImpl(const CommImpl&) = delete;
+  CommImpl& operator=(const CommImpl&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // ---- User point-to-point (validates arguments; throws Error). ----
+  RequestPtr isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag);
+  RequestPtr irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag);
+
+  // ---- Collectives. `body` runs on the op queue with the collective's sequence number. ----
+  RequestPtr submit(const std::string& what, std::function<void(int64_t seq)> body);
+  /// Runs a collective and waits for it (inline when the queue is idle).
+  void run(const std::string& what, const std::function<void(int64_t seq)>& body);
+  void barrierBody(int64_t seq);
+
+  // ---- For algorithms: byte-level messages on the collective tag space. ----
+  RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what);
+  RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what);
+
+  // ---- Errors and lifetime. ----
+  void abort();
+  /// Throws the failure that marked this communicator failed, if any.
+  void checkOk() const;
+  std::shared_ptr<FailureState> failureState() const { return failure_; }
+  /// Throws InvalidArgument unless peer names a rank.
+  void checkPeer(int peer, const char* what) const;
+  /// Throws InvalidArgument for an unknown type, a null buffer with count > 0 or an overflowing size.
+  size_t checkBuffer(const void* buf, size_t count, DataType type, const char* what) const;
+
+ private:
+  void join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin);
+  void failEverything(const Status& status);
+
+  const int rank_;
+  const int size_;
+  const std::string name_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<FailureState> failure_;
+  StoreAccess access_;
+  std::unique_ptr<ProgressEngine> engine_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<std::unique_ptr<Connection>> conns_;  // by rank
+  std::unique_ptr<OpQueue> queue_;
+  std::atomic<int64_t> nextSeq_{0};
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace detail
+}  // namespace loom

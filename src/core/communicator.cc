@@ -1,0 +1,182 @@
+// loom::Communicator, Work and UniqueId: thin wrappers over CommImpl and Request.
+#include <cstring>
+
+#include "bootstrap/launcher_env.hpp"
+#include "bootstrap/rendezvous.hpp"
+#include "core/comm_impl.hpp"
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/param.hpp"
+
+namespace loom {
+
+// ---- UniqueId ----
+
+UniqueId UniqueId::create() {
+  UniqueId id;
+  encodeUniqueId(createUniqueId(), id.bytes_.data());
+  return id;
+}
+
+UniqueId UniqueId::fromBytes(const void* data, size_t size) {
+  UniqueIdFields f;
+  std::string why;
+  if (data == nullptr || !decodeUniqueId(static_cast<const uint8_t*>(data), size, &f, &why)) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, "invalid unique id: " + (data == nullptr ? std::string("null") : why));
+  }
+  UniqueId id;
+  std::memcpy(id.bytes_.data(), data, kBytes);
+  return id;
+}
+
+UniqueId UniqueId::fromHex(const std::string& hex) {
+  if (hex.size() != 2 * kBytes) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, strFormat("a unique id in hex has %zu digits, not %zu", 2 * kBytes, hex.size()));
+  }
+  uint8_t raw[kBytes];
+  for (size_t i = 0; i < kBytes; ++i) {
+    auto nib = [&](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      LOOM_THROW(ErrorCode::InvalidArgument, -1, "unique id hex holds a non-hex character");
+    };
+    raw[i] = static_cast<uint8_t>(nib(hex[2 * i]) << 4 | nib(hex[2 * i + 1]));
+  }
+  return fromBytes(raw, kBytes);
+}
+
+std::string UniqueId::toHex() const {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : bytes_) {
+    s += d[b >> 4];
+    s += d[b & 15];
+  }
+  return s;
+}
+
+// ---- Work ----
+
+Work::Work(std::shared_ptr<detail::Request> request) : request_(std::move(request)) {}
+
+namespace {
+detail::Request& checked(const std::shared_ptr<detail::Request>& r) {
+  if (!r) LOOM_THROW(ErrorCode::InvalidUsage, -1, "wait/test on an empty Work");
+  return *r;
+}
+}  // namespace
+
+bool Work::test() { return checked(request_).test(); }
+void Work::wait() { checked(request_).wait(); }
+void Work::wait(std::chrono::milliseconds timeout) { checked(request_).wait(timeout); }
+size_t Work::bytes() const { return request_ ? request_->bytes() : 0; }
+
+void waitAll(std::vector<Work>& works) {
+  for (auto& w : works) w.wait();
+}
+
+// ---- Communicator ----
+
+namespace {
+
+void checkRankSize(int rank, int size) {
+  if (size < 1) LOOM_THROW(ErrorCode::InvalidArgument, -1, strFormat("world size %d is not positive", size));
+  if (rank < 0 || rank >= size) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank, strFormat("rank %d is out of range for world size %d", rank, size));
+  }
+}
+
+std::chrono::milliseconds initTimeoutOf(const Options& o) {
+  if (o.initTimeout.count() > 0) return o.initTimeout;
+  return std::chrono::milliseconds(envInt("LOOM_INIT_TIMEOUT", 120) * 1000);
+}
+
+std::chrono::milliseconds opTimeoutOf(const Options& o) {
+  if (o.timeout.count() > 0) return o.timeout;
+  return std::chrono::milliseconds(envInt("LOOM_TIMEOUT", 300) * 1000);
+}
+
+}  // namespace
+
+Communicator::Communicator(std::unique_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
+
+Communicator::Communicator(int rank, int size, const UniqueId& id, const Options& options) {
+  checkRankSize(rank, size);
+  LogRankScope scope(rank);
+  UniqueIdFields f;
+  std::string why;
+  if (!decodeUniqueId(id.bytes().data(), id.bytes().size(), &f, &why)) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank, "invalid unique id: " + why);
+  }
+  Deadline deadline(initTimeoutOf(options));
+  auto access = connectWithUniqueId(f, rank, deadline, opTimeoutOf(options));
+  impl_ = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options, "unique id");
+}
+
+Communicator Communicator::fromEnv(const Options& options) {
+  LaunchInfo launch = detectLaunch(processEnv());
+  LogRankScope scope(launch.rank);
+  for (const auto& [field, value] : launch.provenance) LOOM_TRACE("launch: %s = %s", field.c_str(), value.c_str());
+  Deadline deadline(initTimeoutOf(options));
+  auto access = connectFromLaunch(launch, deadline, opTimeoutOf(options));
+  return Communicator(std::make_unique<detail::CommImpl>(
+      launch.rank, launch.size, std::move(access), options,
+      strFormat("launcher %s, store at %s:%d", launch.launcher.c_str(), launch.masterAddr.c_str(), launch.masterPort)));
+}
+
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+Communicator::~Communicator() = default;
+
+namespace {
+detail::CommImpl& live(const std::unique_ptr<detail::CommImpl>& impl) {
+  if (!impl) LOOM_THROW(ErrorCode::InvalidUsage, -1, "the communicator was moved from");
+  return *impl;
+}
+}  // namespace
+
+int Communicator::rank() const { return live(impl_).rank(); }
+int Communicator::size() const { return live(impl_).size(); }
+const std::string& Communicator::name() const { return live(impl_).name(); }
+std::chrono::milliseconds Communicator::timeout() const { return live(impl_).timeout(); }
+void Communicator::checkError() const { live(impl_).checkOk(); }
+void Communicator::abort() {
+  if (impl_) impl_->abort();
+}
+
+Work Communicator::isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag) {
+  return Work(live(impl_).isend(buf, count, type, peer, tag));
+}
+Work Communicator::irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
+  return Work(live(impl_).irecv(buf, count, type, peer, tag));
+}
+namespace {
+void checkNotSelf(const detail::CommImpl& c, int peer, const char* what) {
+  if (peer == c.rank()) {
+    LOOM_THROW(ErrorCode::InvalidUsage, c.rank(),
+               strFormat("a blocking %s to this rank itself can never complete: use isend/irecv (or a group in C)",
+                         what));
+  }
+}
+}  // namespace
+
+void Communicator::send(const void* buf, size_t count, DataType type, int peer, uint32_t tag) {
+  checkNotSelf(live(impl_), peer, "send");
+  isend(buf, count, type, peer, tag).wait();
+}
+void Communicator::recv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
+  checkNotSelf(live(impl_), peer, "recv");
+  irecv(buf, count, type, peer, tag).wait();
+}
+
+Work Communicator::ibarrier() {
+  auto& c = live(impl_);
+  return Work(c.submit("barrier", [&c](int64_t seq) { c.barrierBody(seq); }));
+}
+void Communicator::barrier() {
+  auto& c = live(impl_);
+  c.run("barrier", [&c](int64_t seq) { c.barrierBody(seq); });
+}
+
+}  // namespace loom

@@ -1,0 +1,114 @@
+#include "core/request.hpp"
+
+#include <thread>
+
+#include "core/format.hpp"
+#include "core/param.hpp"
+
+namespace loom {
+namespace {
+
+LOOM_PARAM_INT(spinWaitUs, "LOOM_SPIN_WAIT_US", 50, "microseconds a waiter spins before it sleeps");
+
+int64_t spinBudgetUs() {
+  static const int64_t v = spinWaitUs();
+  return v;
+}
+
+}  // namespace
+
+bool FailureState::fail(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load()) return false;
+    first_ = s;
+    failed_.store(true, std::memory_order_release);
+  }
+  std::lock_guard<std::mutex> lock(hookMu_);
+  if (hook_) hook_(s);
+  return true;
+}
+
+Status FailureState::first() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_;
+}
+
+void FailureState::setHook(std::function<void(const Status&)> hook) {
+  std::lock_guard<std::mutex> lock(hookMu_);
+  hook_ = std::move(hook);
+}
+
+namespace detail {
+
+Request::Request(int rank, int peer, std::string what, std::chrono::milliseconds timeout,
+                 std::shared_ptr<FailureState> failure)
+    : rank_(rank), peer_(peer), what_(std::move(what)), timeout_(timeout), failure_(std::move(failure)) {}
+
+void Request::complete(size_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_.load(std::memory_order_relaxed)) return;
+  bytes_ = bytes;
+  done_.store(true, std::memory_order_release);
+  if (sleepers_ > 0) cv_.notify_all();
+}
+
+void Request::fail(const Status& status) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_.load(std::memory_order_relaxed)) return;
+  status_ = status;
+  done_.store(true, std::memory_order_release);
+  if (sleepers_ > 0) cv_.notify_all();
+}
+
+bool Request::waitUntil(Clock::time_point deadline) {
+  if (done()) return true;
+  // Spin briefly: a reply from a peer on this host often comes within microseconds, and a sleep
+  // costs a wake-up. Yield while spinning so that the progress thread gets the core.
+  const auto spinUntil = Clock::now() + std::chrono::microseconds(spinBudgetUs());
+  while (Clock::now() < spinUntil) {
+    if (done()) return true;
+    std::this_thread::yield();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  ++sleepers_;
+  bool ok = cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_acquire); });
+  --sleepers_;
+  return ok;
+}
+
+void Request::throwIfFailed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status_.ok) throw status_.toError(rank_);
+}
+
+void Request::wait() { wait(timeout_); }
+
+void Request::wait(std::chrono::milliseconds timeout) {
+  Deadline deadline(timeout);
+  if (!waitUntil(deadline.at())) {
+    Status s = Status::error(
+        ErrorCode::Timeout,
+        strFormat("timed out after %.1f s waiting for %s: the peer may have stopped, hung or called a different "
+                  "operation (LOOM_TIMEOUT sets the deadline)",
+                  deadline.totalSeconds(), what_.c_str()),
+        peer_);
+    if (failure_) failure_->fail(s);  // fails every pending request of the communicator, this one too
+    fail(s);
+  }
+  throwIfFailed();
+}
+
+bool Request::test() {
+  if (!done()) return false;
+  throwIfFailed();
+  return true;
+}
+
+Status Request::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+}  // namespace detail
+}  // namespace loom

@@ -1,0 +1,92 @@
+// Request: the completion of one operation (a send, a receive, a whole collective), shared by
+// the Work the caller holds and by the code that completes it (a Connection on the progress
+// thread, or the op queue). Complete or fail exactly once; waiters spin briefly, then sleep.
+//
+// FailureState: the communicator's first error. Shared by the communicator and its requests, so
+// that a Work that outlives its communicator can still be waited on safely.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/deadline.hpp"
+#include "core/status.hpp"
+
+namespace loom {
+
+class FailureState {
+ public:
+  /// Records `s` as the communicator's failure if it is the first; then runs the failure hook
+  /// (which fails every pending request). Returns true for the first failure.
+  bool fail(const Status& s);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  /// The first failure (ok when none).
+  Status first() const;
+  /// Installs (or, with nullptr, removes) the hook run on the first failure. The hook runs with
+  /// an internal lock held: removing it waits until a running hook has finished.
+  void setHook(std::function<void(const Status&)> hook);
+
+ private:
+  mutable std::mutex mu_;
+  Status first_;
+  std::atomic<bool> failed_{false};
+  std::mutex hookMu_;
+  std::function<void(const Status&)> hook_;
+};
+
+namespace detail {
+
+class Request {
+ public:
+  /// `what` describes the operation for timeout messages ("recv of 40 B from rank 0, tag 0").
+  Request(int rank, int peer, std::string what, std::chrono::milliseconds timeout,
+          std::shared_ptr<FailureState> failure);
+
+  /// Marks success with `bytes` moved. No-op when already done.
+  void complete(size_t bytes) noexcept;
+  /// Marks failure. No-op when already done.
+  void fail(const Status& status) noexcept;
+
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  /// Waits until done or until the deadline; returns done().
+  bool waitUntil(Clock::time_point deadline);
+  /// Waits with the request's timeout, then throws on failure or timeout (a timeout also marks
+  /// the communicator failed).
+  void wait();
+  void wait(std::chrono::milliseconds timeout);
+  /// Throws the failure if done and failed; returns done().
+  bool test();
+
+  Status status() const;
+  size_t bytes() const { return bytes_; }
+  int rank() const { return rank_; }
+  int peer() const { return peer_; }
+  const std::string& what() const { return what_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  void throwIfFailed();
+
+  const int rank_;
+  const int peer_;
+  const std::string what_;
+  const std::chrono::milliseconds timeout_;
+  const std::shared_ptr<FailureState> failure_;
+  std::atomic<bool> done_{false};
+  size_t bytes_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Status status_;
+  int sleepers_ = 0;
+};
+
+}  // namespace detail
+
+using RequestPtr = std::shared_ptr<detail::Request>;
+
+}  // namespace loom

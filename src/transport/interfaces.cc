@@ -1,0 +1,92 @@
+#include "transport/interfaces.hpp"
+
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
+#include "core/format.hpp"
+#include "core/param.hpp"
+#include "core/status.hpp"
+
+namespace loom {
+namespace {
+
+LOOM_PARAM_STR(socketIfnameParam, "LOOM_SOCKET_IFNAME", "",
+               "interfaces for TCP: prefixes, ^ to exclude, = for exact names (NCCL_SOCKET_IFNAME syntax)");
+LOOM_PARAM_STR(socketFamilyParam, "LOOM_SOCKET_FAMILY", "", "address family for TCP: AF_INET or AF_INET6");
+
+bool startsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+}  // namespace
+
+IfnameSpec parseIfnameSpec(const std::string& text) {
+  IfnameSpec spec;
+  size_t pos = 0;
+  if (pos < text.size() && text[pos] == '^') {
+    spec.exclude = true;
+    ++pos;
+  }
+  if (pos < text.size() && text[pos] == '=') {
+    spec.exact = true;
+    ++pos;
+  }
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string name = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!name.empty()) spec.names.push_back(name);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return spec;
+}
+
+bool ifnameMatches(const IfnameSpec& spec, const std::string& name) {
+  bool hit = false;
+  for (const auto& n : spec.names) {
+    if (spec.exact ? name == n : startsWith(name, n)) {
+      hit = true;
+      break;
+    }
+  }
+  return spec.exclude ? !hit : hit;
+}
+
+std::vector<Interface> findInterfaces(const std::string& ifnameSpec, const std::string& family) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) LOOM_THROW(ErrorCode::System, -1, "getifaddrs failed: " + errnoText(errno));
+  IfnameSpec spec = parseIfnameSpec(ifnameSpec.empty() ? "^docker,lo" : ifnameSpec);
+  std::vector<Interface> v4, v6;
+  for (ifaddrs* ifa = list; ifa != nullptr; ifa = ifa->ifa_next) {
+    if (ifa->ifa_addr == nullptr || (ifa->ifa_flags & IFF_UP) == 0) continue;
+    int fam = ifa->ifa_addr->sa_family;
+    if (fam != AF_INET && fam != AF_INET6) continue;
+    if (family == "AF_INET" && fam != AF_INET) continue;
+    if (family == "AF_INET6" && fam != AF_INET6) continue;
+    if (fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(ifa->ifa_addr)->sin6_addr)) continue;
+    if (!ifnameMatches(spec, ifa->ifa_name)) continue;
+    Interface i{ifa->ifa_name, SockAddr(ifa->ifa_addr, fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6))};
+    (fam == AF_INET ? v4 : v6).push_back(i);
+  }
+  freeifaddrs(list);
+  v4.insert(v4.end(), v6.begin(), v6.end());
+  if (v4.empty() && ifnameSpec.empty()) return findInterfaces("=lo", family);  // nothing but loopback
+  return v4;
+}
+
+std::vector<Interface> selectedInterfaces() {
+  std::string spec = socketIfnameParam();
+  std::string family = socketFamilyParam();
+  auto found = findInterfaces(spec, family);
+  if (found.empty()) {
+    std::string all;
+    for (const auto& i : findInterfaces("^", ""))  // every interface
+      all += (all.empty() ? "" : ", ") + i.name + " " + i.addr.host();
+    LOOM_THROW(ErrorCode::System, -1,
+               strFormat("no network interface matches LOOM_SOCKET_IFNAME=\"%s\" LOOM_SOCKET_FAMILY=\"%s\"; this "
+                         "host has: %s",
+                         spec.c_str(), family.c_str(), all.c_str()));
+  }
+  return found;
+}
+
+}  // namespace loom

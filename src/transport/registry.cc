@@ -1,0 +1,40 @@
+#include "transport/registry.hpp"
+
+#include "core/format.hpp"
+#include "core/param.hpp"
+#include "core/status.hpp"
+#include "transport/interfaces.hpp"
+#include "transport/tcp/tcp_transport.hpp"
+
+namespace loom {
+namespace {
+
+LOOM_PARAM_STR(transportParam, "LOOM_TRANSPORT", "", "transports allowed, e.g. tcp or ^shm (default: all)");
+
+}  // namespace
+
+const std::vector<TransportEntry>& allTransports() {
+  static const std::vector<TransportEntry> table = {
+      {"tcp", [] { return std::unique_ptr<Transport>(new tcp::TcpTransport()); }},
+  };
+  return table;
+}
+
+std::vector<TransportEntry> selectTransports(const std::string& specIn) {
+  std::string spec = specIn.empty() ? transportParam() : specIn;
+  std::vector<TransportEntry> out;
+  IfnameSpec parsed = parseIfnameSpec(spec);
+  parsed.exact = true;  // transport names are whole words
+  for (const auto& t : allTransports())
+    if (spec.empty() || ifnameMatches(parsed, t.name)) out.push_back(t);
+  if (out.empty()) {
+    std::string names;
+    for (const auto& t : allTransports()) names += (names.empty() ? "" : ", ") + std::string(t.name);
+    LOOM_THROW(ErrorCode::InvalidArgument, -1,
+               strFormat("LOOM_TRANSPORT / transports=\"%s\" leaves no transport; this build has: %s", spec.c_str(),
+                         names.c_str()));
+  }
+  return out;
+}
+
+}  // namespace loom

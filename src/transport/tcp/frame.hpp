@@ -1,0 +1,49 @@
+// Frames of the TCP transport. Every frame starts with a 32-byte header; EAGER and DATA frames
+// carry a payload after it.
+//
+//   EAGER (tag, seq, nbytes) + payload   small message, sent at once on socket 0
+//   RTS   (tag, seq, nbytes)             large message announced on socket 0 ...
+//   CTS   (seq, accept)                  ... the receiver answers once a matching receive is
+//                                        posted (or rejects it: too large for the receive) ...
+//   DATA  (seq, offset, len) + payload   ... and the sender stripes the payload over all sockets,
+//                                        straight into the receiver's buffer.
+//
+// Fields are little-endian. Everything read from the wire is checked before use.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP frame layout assumes a little-endian host");
+
+namespace loom {
+namespace tcp {
+
+constexpr uint16_t kFrameMagic = 0x4d4c;  // "LM"
+constexpr size_t kHeaderBytes = 32;
+/// The largest EAGER payload a receiver accepts, whatever the sender's configuration.
+constexpr uint64_t kMaxEagerBytes = 1u << 20;
+
+enum class FrameType : uint8_t { Eager = 1, Rts = 2, Cts = 3, Data = 4 };
+
+struct FrameHeader {
+  uint16_t magic = kFrameMagic;
+  uint8_t type = 0;
+  uint8_t flags = 0;  // CTS: 1 = accepted
+  uint32_t tag = 0;
+  uint64_t seq = 0;
+  uint64_t a = 0;  // EAGER/RTS: message bytes; DATA: offset
+  uint64_t b = 0;  // DATA: payload length
+};
+static_assert(sizeof(FrameHeader) == kHeaderBytes, "frame header layout");
+
+inline void encodeHeader(const FrameHeader& h, uint8_t* out) { std::memcpy(out, &h, kHeaderBytes); }
+inline FrameHeader decodeHeader(const uint8_t* in) {
+  FrameHeader h;
+  std::memcpy(&h, in, kHeaderBytes);
+  return h;
+}
+
+}  // namespace tcp
+}  // namespace loom

@@ -1,0 +1,566 @@
+#include "transport/tcp/tcp_connection.hpp"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/format.hpp"
+#include "core/logging.hpp"
+
+namespace loom {
+namespace tcp {
+namespace {
+
+constexpr size_t kInBufBytes = 256 * 1024;
+// Payloads at least this large are read straight into their destination, not through inbuf.
+constexpr size_t kDirectReadBytes = 32 * 1024;
+constexpr int kMaxIov = 64;
+constexpr int kMaxReadsPerEvent = 64;
+
+}  // namespace
+
+class TcpConnection::Handler : public PollHandler {
+ public:
+  Handler(TcpConnection* conn, int index) : conn_(conn), index_(index) {}
+  void onPollEvents(uint32_t events) noexcept override { conn_->onEvents(index_, events); }
+
+ private:
+  TcpConnection* const conn_;  // owns this handler
+  const int index_;
+};
+
+struct TcpConnection::Stream {
+  Socket sock;
+  std::unique_ptr<Handler> handler;
+  bool registered = false;
+  bool eof = false;  // the peer closed its side of this socket
+  // Sending.
+  std::deque<OutFrame> out;
+  bool wantOut = false;
+  // Receiving.
+  std::vector<uint8_t> in = std::vector<uint8_t>(kInBufBytes);
+  size_t rpos = 0;
+  size_t wpos = 0;
+  bool inPayload = false;
+  Sink sink = Sink::None;
+  uint8_t* target = nullptr;
+  size_t remaining = 0;
+  size_t payloadLen = 0;
+  std::shared_ptr<RecvOp> op;
+  std::shared_ptr<Unexpected> ux;
+};
+
+TcpConnection::TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* engine,
+                             std::shared_ptr<FailureState> failure, TcpOptions options, std::string description)
+    : rank_(rank),
+      peer_(peer),
+      engine_(engine),
+      failure_(std::move(failure)),
+      options_(options),
+      description_(std::move(description)) {
+  for (size_t i = 0; i < sockets.size(); ++i) {
+    auto s = std::make_unique<Stream>();
+    s->sock = std::move(sockets[i]);
+    s->handler = std::make_unique<Handler>(this, static_cast<int>(i));
+    streams_.push_back(std::move(s));
+  }
+}
+
+TcpConnection::~TcpConnection() {
+  std::lock_guard<std::mutex> lock(mu_);
+  failLocked(Status::error(ErrorCode::Aborted, "the communicator was destroyed", peer_));
+}
+
+void TcpConnection::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : streams_) {
+    engine_->add(s->sock.fd(), s->handler.get(), EPOLLIN);
+    s->registered = true;
+  }
+}
+
+Status TcpConnection::truncation(size_t message, const RecvOp& op) const {
+  return Status::error(ErrorCode::InvalidUsage,
+                       strFormat("message of %zu bytes from rank %d (tag %u) is larger than the receive buffer of "
+                                 "%zu bytes: post a receive as large as the message",
+                                 message, peer_, op.tag, op.capacity),
+                       peer_);
+}
+
+Status TcpConnection::malformed(const std::string& why) const {
+  return Status::error(ErrorCode::Remote,
+                       strFormat("malformed data from rank %d (%s): closing the connection", peer_, why.c_str()), peer_);
+}
+
+void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept {
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {
+      req->fail(closedStatus_);
+      return;
+    }
+    auto op = std::make_shared<SendOp>();
+    op->req = req;
+    op->buf = static_cast<const uint8_t*>(buf);
+    op->bytes = bytes;
+    op->tag = tag;
+    op->seq = nextSendSeq_++;
+    FrameHeader h;
+    h.tag = tag;
+    h.seq = op->seq;
+    h.a = bytes;
+    Stream& s0 = *streams_[0];
+    if (bytes <= options_.eagerBytes) {
+      h.type = static_cast<uint8_t>(FrameType::Eager);
+      op->framesLeft = 1;
+      enqueueLocked(s0, h, op->buf, bytes, op);
+    } else {
+      h.type = static_cast<uint8_t>(FrameType::Rts);
+      awaitingCts_[op->seq] = op;
+      enqueueLocked(s0, h, nullptr, 0, nullptr);
+    }
+    st = flushLocked(s0);
+    if (!st.ok) failLocked(st);
+  }
+  if (!st.ok) failure_->fail(st);
+}
+
+void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept {
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto op = std::make_shared<RecvOp>();
+    op->req = req;
+    op->buf = static_cast<uint8_t*>(buf);
+    op->capacity = bytes;
+    op->tag = tag;
+    auto uit = unexpected_.find(tag);
+    if (uit != unexpected_.end() && !uit->second.empty()) {
+      std::shared_ptr<Unexpected> u = uit->second.front();
+      uit->second.pop_front();
+      if (uit->second.empty()) unexpected_.erase(uit);
+      if (u->hdr.type == static_cast<uint8_t>(FrameType::Eager)) {
+        op->bytes = u->hdr.a;
+        if (u->complete) {
+          deliverUnexpectedLocked(*u, *op);
+        } else {
+          u->claimedBy = op;  // delivered when its payload has arrived
+        }
+      } else {
+        acceptRtsLocked(u->hdr, op);
+        st = flushLocked(*streams_[0]);
+        if (!st.ok) failLocked(st);
+      }
+    } else if (closed_) {
+      req->fail(closedStatus_);
+      return;
+    } else {
+      posted_[tag].push_back(op);
+    }
+  }
+  if (!st.ok) failure_->fail(st);
+}
+
+void TcpConnection::deliverUnexpectedLocked(Unexpected& u, RecvOp& op) {
+  if (u.data.size() > op.capacity) {
+    op.req->fail(truncation(u.data.size(), op));
+    return;
+  }
+  if (!u.data.empty()) std::memcpy(op.buf, u.data.data(), u.data.size());
+  op.req->complete(u.data.size());
+}
+
+void TcpConnection::acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<RecvOp>& op) {
+  if (h.a > op->capacity) {
+    sendCtsLocked(h.seq, false);
+    op->req->fail(truncation(h.a, *op));
+    return;
+  }
+  op->bytes = h.a;
+  op->seq = h.seq;
+  sendCtsLocked(h.seq, true);
+  if (op->bytes == 0) {
+    op->req->complete(0);
+  } else {
+    incoming_[h.seq] = op;
+  }
+}
+
+void TcpConnection::sendCtsLocked(uint64_t seq, bool accept) {
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::Cts);
+  h.flags = accept ? 1 : 0;
+  h.seq = seq;
+  enqueueLocked(*streams_[0], h, nullptr, 0, nullptr);
+}
+
+void TcpConnection::enqueueLocked(Stream& s, const FrameHeader& h, const uint8_t* payload, size_t len,
+                                  std::shared_ptr<SendOp> op) {
+  OutFrame f;
+  encodeHeader(h, f.hdr);
+  f.payload = payload;
+  f.payloadLen = len;
+  f.op = std::move(op);
+  s.out.push_back(std::move(f));
+}
+
+void TcpConnection::onSentLocked(OutFrame& f) {
+  if (f.op && --f.op->framesLeft == 0) f.op->req->complete(f.op->bytes);
+}
+
+Status TcpConnection::flushLocked(Stream& s) {
+  while (!s.out.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = s.out.begin(); it != s.out.end() && n + 2 <= kMaxIov; ++it) {
+      if (it->sent < kHeaderBytes) {
+        iov[n].iov_base = it->hdr + it->sent;
+        iov[n].iov_len = kHeaderBytes - it->sent;
+        ++n;
+      }
+      size_t payloadSent = it->sent > kHeaderBytes ? it->sent - kHeaderBytes : 0;
+      if (it->payloadLen > payloadSent) {
+        iov[n].iov_base = const_cast<uint8_t*>(it->payload) + payloadSent;
+        iov[n].iov_len = it->payloadLen - payloadSent;
+        ++n;
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = sendmsg(s.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!s.wantOut) {
+          s.wantOut = true;
+          engine_->modify(s.sock.fd(), s.handler.get(), EPOLLIN | EPOLLOUT);
+        }
+        return Status::success();
+      }
+      return Status::error(ErrorCode::Remote,
+                           strFormat("sending to rank %d failed: %s (did it exit or crash?)", peer_,
+                                     errnoText(errno).c_str()),
+                           peer_);
+    }
+    size_t left = static_cast<size_t>(w);
+    while (left > 0 && !s.out.empty()) {
+      OutFrame& f = s.out.front();
+      size_t total = kHeaderBytes + f.payloadLen;
+      size_t take = std::min(left, total - f.sent);
+      f.sent += take;
+      left -= take;
+      if (f.sent == total) {
+        onSentLocked(f);
+        s.out.pop_front();
+      }
+    }
+  }
+  if (s.wantOut) {
+    s.wantOut = false;
+    engine_->modify(s.sock.fd(), s.handler.get(), EPOLLIN);
+  }
+  return Status::success();
+}
+
+Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
+  const bool control = &s == streams_[0].get();
+  if (h.magic != kFrameMagic) return malformed("bad frame magic");
+  switch (static_cast<FrameType>(h.type)) {
+    case FrameType::Eager:
+    case FrameType::Rts: {
+      if (!control) return malformed("message header on a data stream");
+      if (h.seq != nextRecvSeq_) return malformed(strFormat("message sequence %llu, expected %llu",
+                                                            static_cast<unsigned long long>(h.seq),
+                                                            static_cast<unsigned long long>(nextRecvSeq_)));
+      ++nextRecvSeq_;
+      const bool eager = h.type == static_cast<uint8_t>(FrameType::Eager);
+      if (eager && h.a > kMaxEagerBytes) return malformed("eager message larger than the protocol allows");
+      std::shared_ptr<RecvOp> op;
+      auto pit = posted_.find(h.tag);
+      if (pit != posted_.end()) {
+        op = pit->second.front();
+        pit->second.pop_front();
+        if (pit->second.empty()) posted_.erase(pit);
+      }
+      if (!eager) {
+        if (op) {
+          acceptRtsLocked(h, op);
+        } else {
+          auto u = std::make_shared<Unexpected>();
+          u->hdr = h;
+          unexpected_[h.tag].push_back(u);
+        }
+        return Status::success();
+      }
+      s.inPayload = true;
+      s.remaining = s.payloadLen = h.a;
+      if (op && h.a <= op->capacity) {
+        op->bytes = h.a;
+        s.sink = Sink::Direct;
+        s.target = op->buf;
+        s.op = op;
+      } else if (op) {
+        op->req->fail(truncation(h.a, *op));
+        s.sink = Sink::Discard;
+        s.target = nullptr;
+      } else {
+        auto u = std::make_shared<Unexpected>();
+        u->hdr = h;
+        u->data.resize(h.a);
+        unexpected_[h.tag].push_back(u);
+        s.sink = Sink::Unexpected;
+        s.target = u->data.data();
+        s.ux = u;
+      }
+      return s.remaining == 0 ? finishPayloadLocked(s) : Status::success();
+    }
+    case FrameType::Cts: {
+      if (!control) return malformed("CTS on a data stream");
+      auto it = awaitingCts_.find(h.seq);
+      if (it == awaitingCts_.end()) return malformed("CTS for a message that was not announced");
+      std::shared_ptr<SendOp> op = it->second;
+      awaitingCts_.erase(it);
+      if ((h.flags & 1) == 0) {
+        op->req->fail(Status::error(
+            ErrorCode::InvalidUsage,
+            strFormat("rank %d's matching receive (tag %u) is smaller than this message of %zu bytes", peer_, op->tag,
+                      op->bytes),
+            peer_));
+        return Status::success();
+      }
+      if (op->bytes == 0) {
+        op->req->complete(0);
+        return Status::success();
+      }
+      size_t nstreams = std::min(streams_.size(), std::max<size_t>(1, op->bytes / options_.stripeMinBytes));
+      size_t slice = (op->bytes + nstreams - 1) / nstreams;
+      op->framesLeft = 0;
+      for (size_t i = 0; i < nstreams; ++i) {
+        size_t off = i * slice;
+        if (off >= op->bytes) break;
+        ++op->framesLeft;
+      }
+      for (size_t i = 0, off = 0; off < op->bytes; ++i, off += slice) {
+        FrameHeader d;
+        d.type = static_cast<uint8_t>(FrameType::Data);
+        d.seq = op->seq;
+        d.a = off;
+        d.b = std::min(slice, op->bytes - off);
+        enqueueLocked(*streams_[i], d, op->buf + off, d.b, op);
+      }
+      for (size_t i = 0; i < nstreams; ++i) {
+        Status st = flushLocked(*streams_[i]);
+        if (!st.ok) return st;
+      }
+      return Status::success();
+    }
+    case FrameType::Data: {
+      auto it = incoming_.find(h.seq);
+      if (it == incoming_.end()) return malformed("data for a message that was not accepted");
+      RecvOp& op = *it->second;
+      if (h.b == 0 || h.a > op.bytes || h.b > op.bytes - h.a) return malformed("data outside the message");
+      s.inPayload = true;
+      s.sink = Sink::Data;
+      s.remaining = s.payloadLen = h.b;
+      s.target = op.buf + h.a;
+      s.op = it->second;
+      return Status::success();
+    }
+  }
+  return malformed(strFormat("unknown frame type %u", h.type));
+}
+
+Status TcpConnection::finishPayloadLocked(Stream& s) {
+  s.inPayload = false;
+  switch (s.sink) {
+    case Sink::Direct:
+      s.op->req->complete(s.op->bytes);
+      break;
+    case Sink::Unexpected:
+      s.ux->complete = true;
+      if (s.ux->claimedBy) deliverUnexpectedLocked(*s.ux, *s.ux->claimedBy);
+      break;
+    case Sink::Data:
+      s.op->received += s.payloadLen;
+      if (s.op->received == s.op->bytes) {
+        s.op->req->complete(s.op->bytes);
+        incoming_.erase(s.op->seq);
+      }
+      break;
+    default:
+      break;
+  }
+  s.sink = Sink::None;
+  s.op.reset();
+  s.ux.reset();
+  s.target = nullptr;
+  return Status::success();
+}
+
+Status TcpConnection::readLocked(Stream& s) {
+  for (int reads = 0; reads < kMaxReadsPerEvent;) {
+    if (!s.inPayload) {
+      if (s.wpos - s.rpos >= kHeaderBytes) {
+        FrameHeader h = decodeHeader(s.in.data() + s.rpos);
+        s.rpos += kHeaderBytes;
+        Status st = onHeaderLocked(s, h);
+        if (!st.ok) return st;
+        continue;
+      }
+    } else if (s.wpos > s.rpos) {
+      size_t take = std::min(s.wpos - s.rpos, s.remaining);
+      if (s.target != nullptr) {
+        std::memcpy(s.target, s.in.data() + s.rpos, take);
+        s.target += take;
+      }
+      s.rpos += take;
+      s.remaining -= take;
+      if (s.remaining == 0) {
+        Status st = finishPayloadLocked(s);
+        if (!st.ok) return st;
+      }
+      continue;
+    }
+    // Nothing usable is buffered: read from the socket.
+    if (s.rpos == s.wpos) {
+      s.rpos = s.wpos = 0;
+    } else if (s.rpos > 0) {
+      std::memmove(s.in.data(), s.in.data() + s.rpos, s.wpos - s.rpos);
+      s.wpos -= s.rpos;
+      s.rpos = 0;
+    }
+    ssize_t n;
+    const bool direct = s.inPayload && s.target != nullptr && s.remaining >= kDirectReadBytes && s.wpos == 0;
+    if (direct) {
+      n = recv(s.sock.fd(), s.target, s.remaining, MSG_DONTWAIT);
+    } else {
+      n = recv(s.sock.fd(), s.in.data() + s.wpos, s.in.size() - s.wpos, MSG_DONTWAIT);
+    }
+    ++reads;
+    if (n > 0) {
+      if (direct) {
+        s.target += n;
+        s.remaining -= static_cast<size_t>(n);
+        if (s.remaining == 0) {
+          Status st = finishPayloadLocked(s);
+          if (!st.ok) return st;
+        }
+      } else {
+        s.wpos += static_cast<size_t>(n);
+      }
+      continue;
+    }
+    if (n == 0) {
+      // Other streams may still hold the tail of a striped message: the connection is closed
+      // only once every stream has reached its end (see onEvents).
+      s.eof = true;
+      if (s.registered) {
+        engine_->remove(s.sock.fd());
+        s.registered = false;
+      }
+      return Status::success();
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::success();
+    return Status::error(ErrorCode::Remote,
+                         strFormat("receiving from rank %d failed: %s (did it exit or crash?)", peer_,
+                                   errnoText(errno).c_str()),
+                         peer_);
+  }
+  return Status::success();
+}
+
+void TcpConnection::onEvents(int index, uint32_t events) noexcept {
+  Status st;
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    Stream& s = *streams_[static_cast<size_t>(index)];
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) st = readLocked(s);
+    if (st.ok && (events & EPOLLOUT)) st = flushLocked(s);
+    // Reading may have queued control frames (CTS) on stream 0: send them now, not at the next
+    // writable event (none is awaited while the queue was empty).
+    Stream& s0 = *streams_[0];
+    if (st.ok && !s0.out.empty() && !s0.wantOut && !s0.eof) st = flushLocked(s0);
+    if (st.ok && s.eof) {
+      bool all = true;
+      for (const auto& x : streams_) all = all && x->eof;
+      if (all) {
+        st = Status::error(ErrorCode::Remote,
+                           strFormat("rank %d closed its connection (it exited, crashed or destroyed its "
+                                     "communicator)",
+                                     peer_),
+                           peer_);
+      }
+    }
+    if (!st.ok) {
+      // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
+      // leaves mid-operation fails the communicator.
+      notify = failLocked(st);
+      if (!notify) LOOM_INFO("%s", st.message.c_str());
+    }
+  }
+  if (notify) {
+    LOOM_WARN("%s", st.message.c_str());
+    failure_->fail(st);
+  }
+}
+
+bool TcpConnection::hasPendingLocked() const {
+  if (!posted_.empty() || !awaitingCts_.empty() || !incoming_.empty()) return true;
+  for (const auto& s : streams_) {
+    if (!s->out.empty()) return true;
+    if (s->inPayload && (s->sink == Sink::Direct || s->sink == Sink::Data)) return true;
+    if (s->inPayload && s->ux && s->ux->claimedBy) return true;  // a claimed eager payload arriving
+  }
+  return false;
+}
+
+bool TcpConnection::failLocked(const Status& status) {
+  if (closed_) return false;
+  const bool pending = hasPendingLocked();
+  closed_ = true;
+  closedStatus_ = status;
+  for (auto& [tag, q] : posted_)
+    for (auto& op : q) op->req->fail(status);
+  posted_.clear();
+  for (auto& [seq, op] : awaitingCts_) op->req->fail(status);
+  awaitingCts_.clear();
+  for (auto& [seq, op] : incoming_) op->req->fail(status);
+  incoming_.clear();
+  // Eager payloads fully received stay: a later receive can still take them.
+  for (auto& [tag, q] : unexpected_)
+    q.erase(std::remove_if(q.begin(), q.end(), [](const std::shared_ptr<Unexpected>& u) { return !u->complete; }),
+            q.end());
+  for (auto& s : streams_) {
+    for (auto& f : s->out)
+      if (f.op) f.op->req->fail(status);
+    s->out.clear();
+    if (s->inPayload && s->op) s->op->req->fail(status);
+    if (s->inPayload && s->ux && s->ux->claimedBy) s->ux->claimedBy->req->fail(status);
+    s->op.reset();
+    s->ux.reset();
+    s->inPayload = false;
+    if (s->registered) {
+      engine_->remove(s->sock.fd());
+      s->registered = false;
+    }
+    if (s->sock.valid()) shutdown(s->sock.fd(), SHUT_RDWR);
+  }
+  return pending;
+}
+
+void TcpConnection::failAll(const Status& status) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  failLocked(status);
+}
+
+}  // namespace tcp
+}  // namespace loom

@@ -1,0 +1,386 @@
+#include "transport/tcp/tcp_transport.hpp"
+
+#include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "bootstrap/store_protocol.hpp"
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/param.hpp"
+#include "core/progress_engine.hpp"
+#include "transport/tcp/tcp_connection.hpp"
+
+namespace loom {
+namespace tcp {
+namespace {
+
+LOOM_PARAM_INT(socketBufferBytes, "LOOM_SOCKET_BUFFER", 0,
+               "SO_SNDBUF/SO_RCVBUF bytes of data sockets (0: the kernel's autotuning, usually best)");
+LOOM_PARAM_INT(eagerBytesParam, "LOOM_EAGER_BYTES", 64 * 1024,
+               "largest TCP message sent at once; larger ones wait for the receiver (max 1 MiB)");
+
+constexpr char kAcceptorMagic[8] = {'L', 'O', 'O', 'M', 'P', 'E', 'A', '1'};
+constexpr char kConnectorMagic[8] = {'L', 'O', 'O', 'M', 'P', 'E', 'C', '1'};
+constexpr size_t kAcceptorHello = 24;
+constexpr size_t kIdsBytes = 32;
+constexpr size_t kConnectorHello = 8 + 16 + kIdsBytes + 32;
+constexpr size_t kProof = 32;
+
+struct Ids {
+  Nonce commId;
+  uint32_t from, to, index, count;
+};
+
+void encodeIds(const Ids& ids, uint8_t* out) {
+  std::memcpy(out, ids.commId.data(), 16);
+  storewire::putU32(out + 16, ids.from);
+  storewire::putU32(out + 20, ids.to);
+  storewire::putU32(out + 24, ids.index);
+  storewire::putU32(out + 28, ids.count);
+}
+
+Ids decodeIds(const uint8_t* in) {
+  Ids ids;
+  std::memcpy(ids.commId.data(), in, 16);
+  ids.from = storewire::getU32(in + 16);
+  ids.to = storewire::getU32(in + 20);
+  ids.index = storewire::getU32(in + 24);
+  ids.count = storewire::getU32(in + 28);
+  return ids;
+}
+
+// One socket being set up, either direction.
+struct Pending {
+  enum State { Connecting, ReadHello, ReadProof, ReadClientHello, Done } state;
+  Socket sock;
+  int peer = -1;
+  int index = 0;
+  Nonce mine{};
+  Nonce theirs{};
+  std::vector<uint8_t> buf;
+  Clock::time_point since;
+  Clock::time_point retryAt;
+  std::string remote;
+};
+
+void tune(int fd) {
+  setNoDelay(fd);
+  setBufferSizes(fd, static_cast<int>(socketBufferBytes()));
+}
+
+}  // namespace
+
+class TcpTransport::StrayRejector : public PollHandler {
+ public:
+  StrayRejector(int fd, int rank) : fd_(fd), rank_(rank) {}
+  void onPollEvents(uint32_t) noexcept override {
+    for (;;) {
+      int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c < 0) return;
+      LOOM_WARN("rejected a connection from %s on rank %d's peer port: the communicator is already formed",
+                peerAddress(c).toString().c_str(), rank_);
+      ::close(c);
+    }
+  }
+
+ private:
+  int fd_;
+  int rank_;
+};
+
+TcpTransport::TcpTransport() = default;
+
+TcpTransport::~TcpTransport() {
+  if (engine_ != nullptr && listener_.valid()) engine_->remove(listener_.fd());
+}
+
+SockAddr TcpTransport::listenAddress() const { return localAddress(listener_.fd()); }
+
+void TcpTransport::publish(TransportContext& ctx) {
+  auto ifaces = selectedInterfaces();
+  iface_ = ifaces.front();
+  SockAddr bindAddr = iface_.addr;
+  bindAddr.setPort(0);
+  int err = 0;
+  listener_ = listenOn(bindAddr, 1024, &err);
+  if (!listener_.valid()) {
+    LOOM_THROW(ErrorCode::System, ctx.rank,
+               strFormat("cannot listen on %s (%s): %s", bindAddr.host().c_str(), iface_.name.c_str(),
+                         errnoText(err).c_str()));
+  }
+  SockAddr bound = localAddress(listener_.fd());
+  Bytes ep(SockAddr::kWireBytes);
+  bound.toWire(ep.data());
+  ep.insert(ep.end(), iface_.name.begin(), iface_.name.end());
+  ctx.store->set("tcp/" + std::to_string(ctx.rank), ep);
+  LOOM_TRACE("tcp: listening on %s (%s)", bound.toString().c_str(), iface_.name.c_str());
+}
+
+std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext& ctx, const std::vector<int>& peers) {
+  engine_ = ctx.engine;
+  const int S = ctx.socketsPerPeer;
+  std::map<int, std::vector<Socket>> done;  // peer -> sockets by index
+  std::map<int, SockAddr> remoteAddr;
+  std::map<int, std::string> remoteIf;
+  std::vector<std::unique_ptr<Pending>> pending;
+  std::set<int> inboundPeers;
+
+  // Learn the peers' endpoints and start connecting to the higher ranks.
+  for (int peer : peers) {
+    done[peer] = std::vector<Socket>(static_cast<size_t>(S));
+    if (peer < ctx.rank) {
+      inboundPeers.insert(peer);
+      continue;
+    }
+    auto ep = ctx.store->get("tcp/" + std::to_string(peer), ctx.deadline);
+    SockAddr addr;
+    if (!ep || ep->size() < SockAddr::kWireBytes || !SockAddr::fromWire(ep->data(), &addr)) {
+      LOOM_THROW_PEER(ErrorCode::Timeout, ctx.rank, peer,
+                      strFormat("rank %d did not publish its TCP address within %.0f s", peer,
+                                ctx.deadline.totalSeconds()));
+    }
+    remoteAddr[peer] = addr;
+    remoteIf[peer] = std::string(ep->begin() + SockAddr::kWireBytes, ep->end());
+    for (int k = 0; k < S; ++k) {
+      auto p = std::make_unique<Pending>();
+      p->state = Pending::Connecting;
+      p->peer = peer;
+      p->index = k;
+      p->remote = addr.toString();
+      p->since = p->retryAt = Clock::now();
+      pending.push_back(std::move(p));
+    }
+  }
+
+  auto missing = [&]() {
+    size_t n = 0;
+    for (auto& [peer, socks] : done)
+      for (auto& s : socks)
+        if (!s.valid()) ++n;
+    return n;
+  };
+  std::string lastError;
+  int rejected = 0;
+
+  while (missing() > 0) {
+    if (ctx.failure && ctx.failure->failed()) throw ctx.failure->first().toError(ctx.rank);
+    if (ctx.deadline.expired()) {
+      std::string out, in;
+      for (auto& [peer, socks] : done) {
+        size_t have = 0;
+        for (auto& s : socks) have += s.valid() ? 1 : 0;
+        if (have == socks.size()) continue;
+        std::string& list = peer > ctx.rank ? out : in;
+        list += (list.empty() ? "" : ", ") + std::to_string(peer);
+      }
+      LOOM_THROW(ErrorCode::Timeout, ctx.rank,
+                 strFormat("TCP links not formed within %.0f s: %s%s%s%s%s%s (a firewall between nodes, or the wrong "
+                           "interface? see LOOM_SOCKET_IFNAME)",
+                           ctx.deadline.totalSeconds(), out.empty() ? "" : "could not connect to rank(s) ",
+                           out.c_str(), (!out.empty() && !in.empty()) ? "; " : "",
+                           in.empty() ? "" : "no connection arrived from rank(s) ", in.c_str(),
+                           lastError.empty() ? "" : (" — last error: " + lastError).c_str()));
+    }
+    // Start connects that are due.
+    const auto now = Clock::now();
+    for (auto& p : pending) {
+      if (p->state != Pending::Connecting || p->sock.valid() || now < p->retryAt) continue;
+      Socket s(::socket(remoteAddr[p->peer].family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (::connect(s.fd(), remoteAddr[p->peer].raw(), remoteAddr[p->peer].length()) != 0 && errno != EINPROGRESS) {
+        lastError = strFormat("%s: %s", p->remote.c_str(), errnoText(errno).c_str());
+        p->retryAt = now + std::chrono::milliseconds(50);
+        continue;
+      }
+      p->sock = std::move(s);
+    }
+    std::vector<pollfd> fds;
+    fds.push_back({listener_.fd(), POLLIN, 0});
+    for (auto& p : pending) {
+      if (!p->sock.valid()) {
+        fds.push_back({-1, 0, 0});
+        continue;
+      }
+      fds.push_back({p->sock.fd(), static_cast<short>(p->state == Pending::Connecting ? POLLOUT : POLLIN), 0});
+    }
+    int rc = ::poll(fds.data(), fds.size(), std::min(ctx.deadline.remainingMs(), 50));
+    if (rc < 0 && errno != EINTR) LOOM_THROW(ErrorCode::System, ctx.rank, "poll: " + errnoText(errno));
+
+    if (fds[0].revents & POLLIN) {
+      for (;;) {
+        int c = accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) break;
+        auto p = std::make_unique<Pending>();
+        p->state = Pending::ReadClientHello;
+        p->sock.reset(c);
+        p->remote = peerAddress(c).toString();
+        p->since = Clock::now();
+        p->mine = randomNonce();
+        uint8_t hello[kAcceptorHello];
+        std::memcpy(hello, kAcceptorMagic, 8);
+        std::memcpy(hello + 8, p->mine.data(), 16);
+        if (sendAll(c, hello, sizeof(hello), Deadline(std::chrono::milliseconds(1000))) != 0) continue;
+        pending.push_back(std::move(p));
+      }
+    }
+
+    for (size_t i = 0; i < pending.size() && i + 1 < fds.size(); ++i) {
+      Pending& p = *pending[i];
+      const short rev = fds[i + 1].revents;
+      if (rev == 0 || !p.sock.valid()) continue;
+      auto drop = [&](const std::string& why, bool stray) {
+        if (stray) {
+          ++rejected;
+          LOOM_WARN("rejected a connection from %s on the peer port: %s", p.remote.c_str(), why.c_str());
+          p.state = Pending::Done;
+        } else {
+          lastError = p.remote + ": " + why;
+          p.retryAt = Clock::now() + std::chrono::milliseconds(50);
+          p.state = Pending::Connecting;
+          p.buf.clear();
+        }
+        p.sock.reset();
+      };
+      if (p.state == Pending::Connecting) {
+        int soerr = 0;
+        socklen_t len = sizeof(soerr);
+        getsockopt(p.sock.fd(), SOL_SOCKET, SO_ERROR, &soerr, &len);
+        if (soerr != 0) {
+          drop(errnoText(soerr), false);
+          continue;
+        }
+        p.state = Pending::ReadHello;
+        continue;
+      }
+      // Read what the current state still needs.
+      size_t need = p.state == Pending::ReadHello ? kAcceptorHello
+                    : p.state == Pending::ReadProof ? kProof
+                                                    : kConnectorHello;
+      uint8_t tmp[kConnectorHello];
+      ssize_t n = ::recv(p.sock.fd(), tmp, need - p.buf.size(), MSG_DONTWAIT);
+      if (n <= 0) {
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        const bool inbound = p.state == Pending::ReadClientHello;
+        drop(n == 0 ? "closed during the handshake" : errnoText(errno), inbound);
+        continue;
+      }
+      p.buf.insert(p.buf.end(), tmp, tmp + n);
+      const char* magic = p.state == Pending::ReadHello ? kAcceptorMagic : kConnectorMagic;
+      if (p.state != Pending::ReadProof && std::memcmp(p.buf.data(), magic, std::min<size_t>(p.buf.size(), 8)) != 0) {
+        if (p.state == Pending::ReadClientHello) {
+          drop("it does not speak Loom's protocol (a stray client or port scanner?)", true);
+        } else {
+          LOOM_THROW_PEER(ErrorCode::Remote, ctx.rank, p.peer,
+                          strFormat("%s, published as rank %d's address, is not a Loom peer", p.remote.c_str(), p.peer));
+        }
+        continue;
+      }
+      if (p.buf.size() < need) continue;
+
+      if (p.state == Pending::ReadHello) {
+        std::memcpy(p.theirs.data(), p.buf.data() + 8, 16);
+        p.mine = randomNonce();
+        Ids ids{ctx.commId, static_cast<uint32_t>(ctx.rank), static_cast<uint32_t>(p.peer),
+                static_cast<uint32_t>(p.index), static_cast<uint32_t>(S)};
+        uint8_t msg[kConnectorHello];
+        std::memcpy(msg, kConnectorMagic, 8);
+        std::memcpy(msg + 8, p.mine.data(), 16);
+        encodeIds(ids, msg + 24);
+        Mac mac = computeMac(ctx.key, "peer-client", p.theirs, p.mine, msg + 24, kIdsBytes);
+        std::memcpy(msg + 24 + kIdsBytes, mac.data(), 32);
+        p.buf.assign(msg + 24, msg + 24 + kIdsBytes);  // keep the ids for checking the proof
+        if (sendAll(p.sock.fd(), msg, sizeof(msg), Deadline(std::chrono::milliseconds(5000))) != 0) {
+          drop("handshake send failed", false);
+          continue;
+        }
+        p.state = Pending::ReadProof;
+        p.buf.clear();
+        continue;
+      }
+      if (p.state == Pending::ReadProof) {
+        uint8_t idsBytes[kIdsBytes];
+        encodeIds(Ids{ctx.commId, static_cast<uint32_t>(ctx.rank), static_cast<uint32_t>(p.peer),
+                      static_cast<uint32_t>(p.index), static_cast<uint32_t>(S)},
+                  idsBytes);
+        if (!macEqual(computeMac(ctx.key, "peer-server", p.mine, p.theirs, idsBytes, kIdsBytes), p.buf.data())) {
+          LOOM_THROW_PEER(ErrorCode::InvalidUsage, ctx.rank, p.peer,
+                          strFormat("the process at %s (rank %d's published address) proved a different job key: are "
+                                    "two jobs mixed up? give every rank of a job the same LOOM_JOB_KEY",
+                                    p.remote.c_str(), p.peer));
+        }
+        tune(p.sock.fd());
+        done[p.peer][static_cast<size_t>(p.index)] = std::move(p.sock);
+        p.state = Pending::Done;
+        continue;
+      }
+      // ReadClientHello: check the connector's proof and identity.
+      std::memcpy(p.theirs.data(), p.buf.data() + 8, 16);
+      const uint8_t* idsBytes = p.buf.data() + 24;
+      Ids ids = decodeIds(idsBytes);
+      if (!macEqual(computeMac(ctx.key, "peer-client", p.mine, p.theirs, idsBytes, kIdsBytes), idsBytes + kIdsBytes)) {
+        drop("wrong job key (another job, or a stray client)", true);
+        continue;
+      }
+      if (ids.commId != ctx.commId) {
+        drop("it belongs to another communicator of this job", true);
+        continue;
+      }
+      const int from = static_cast<int>(ids.from);
+      if (ids.to != static_cast<uint32_t>(ctx.rank) || inboundPeers.count(from) == 0 || ids.count != static_cast<uint32_t>(S) ||
+          ids.index >= static_cast<uint32_t>(S) || done[from][ids.index].valid()) {
+        drop(strFormat("unexpected link (from %u to %u, socket %u of %u)", ids.from, ids.to, ids.index, ids.count),
+             true);
+        continue;
+      }
+      Mac proof = computeMac(ctx.key, "peer-server", p.theirs, p.mine, idsBytes, kIdsBytes);
+      if (sendAll(p.sock.fd(), proof.data(), proof.size(), Deadline(std::chrono::milliseconds(5000))) != 0) {
+        drop("handshake send failed", true);
+        continue;
+      }
+      tune(p.sock.fd());
+      done[from][ids.index] = std::move(p.sock);
+      p.state = Pending::Done;
+    }
+    // Forget finished and stale entries (an inbound stranger gets 10 s to prove itself).
+    const auto cutoff = Clock::now() - std::chrono::seconds(10);
+    for (auto& p : pending) {
+      if (p->state == Pending::ReadClientHello && p->since < cutoff) {
+        ++rejected;
+        LOOM_WARN("rejected a connection from %s on the peer port: no handshake within 10 s", p->remote.c_str());
+        p->state = Pending::Done;
+        p->sock.reset();
+      }
+    }
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [](const std::unique_ptr<Pending>& p) { return p->state == Pending::Done; }),
+                  pending.end());
+  }
+
+  // Every link is up: build the connections; from now on the listener turns newcomers away.
+  TcpOptions options;
+  options.eagerBytes = static_cast<size_t>(std::clamp<int64_t>(eagerBytesParam(), 0, kMaxEagerBytes));
+  std::vector<std::unique_ptr<Connection>> out;
+  const SockAddr self = localAddress(listener_.fd());
+  for (int peer : peers) {
+    std::string desc = strFormat("rank %d <-> rank %d: tcp, %d socket%s, via %s %s", ctx.rank, peer, S, S == 1 ? "" : "s",
+                                 iface_.name.c_str(), self.host().c_str());
+    if (auto it = remoteAddr.find(peer); it != remoteAddr.end()) desc += " -> " + it->second.toString();
+    auto conn = std::make_unique<TcpConnection>(ctx.rank, peer, std::move(done[peer]), ctx.engine, ctx.failure,
+                                                options, desc);
+    conn->start();
+    out.push_back(std::move(conn));
+  }
+  rejector_ = std::make_unique<StrayRejector>(listener_.fd(), ctx.rank);
+  ctx.engine->add(listener_.fd(), rejector_.get(), EPOLLIN);
+  if (rejected > 0) LOOM_INFO("tcp: turned away %d stray connection(s) during setup", rejected);
+  return out;
+}
+
+}  // namespace tcp
+}  // namespace loom

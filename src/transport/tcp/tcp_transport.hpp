@@ -1,0 +1,43 @@
+// TcpTransport: sets up TcpConnections. Each rank listens on the interface LOOM_SOCKET_IFNAME
+// selects, publishes the address in the store, then the lower rank of every pair opens
+// LOOM_SOCKETS_PER_PEER sockets to the higher one. Every socket does the job-key handshake:
+//
+//   acceptor  -> connector: "LOOMPEA1" nonceA[16]
+//   connector -> acceptor : "LOOMPEC1" nonceC[16] commId[16] from to index count (u32 each)
+//                           HMAC(K, "peer-client" nonceA nonceC ids)[32]
+//   acceptor  -> connector: HMAC(K, "peer-server" nonceC nonceA ids)[32]
+//
+// Connections that fail it (strays, scanners, other jobs, other communicators) are closed and
+// logged while setup goes on. After setup the listener stays open and turns every newcomer away.
+#pragma once
+
+#include <memory>
+
+#include "transport/interfaces.hpp"
+#include "transport/socket.hpp"
+#include "transport/transport.hpp"
+
+namespace loom {
+namespace tcp {
+
+class TcpTransport : public Transport {
+ public:
+  TcpTransport();
+  ~TcpTransport() override;
+  const char* name() const override { return "tcp"; }
+  void publish(TransportContext& ctx) override;
+  std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
+
+  /// The address this rank listens on (after publish).
+  SockAddr listenAddress() const;
+
+ private:
+  class StrayRejector;
+  Interface iface_;
+  Socket listener_;
+  std::unique_ptr<StrayRejector> rejector_;
+  ProgressEngine* engine_ = nullptr;  // set in connect(); stopped by the communicator before we go
+};
+
+}  // namespace tcp
+}  // namespace loom

@@ -1,0 +1,67 @@
+// Transport and Connection: the interface every way of moving bytes plugs into (TCP now; shared
+// memory, CUDA IPC and InfiniBand later).
+//
+// A Transport is a factory, one per kind per communicator: it publishes this rank's endpoint
+// through the Store and creates Connections to peers (every rank calls connect() collectively).
+// A Connection links this rank to one peer. Its isend/irecv never block and never throw: the
+// outcome arrives through the Request. Messages between one pair of ranks with one tag match in
+// the order they were sent. The progress engine drives connections; a Connection starts no
+// thread of its own.
+//
+// Ownership: the communicator owns transports and connections; connections hold a raw
+// back-reference to the engine, which the communicator stops before destroying them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/store.hpp"
+#include "core/deadline.hpp"
+#include "core/request.hpp"
+
+namespace loom {
+
+class ProgressEngine;
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  virtual int peer() const = 0;
+  /// Starts sending `bytes` from buf with `tag`. buf must stay valid until the request is done.
+  virtual void isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept = 0;
+  /// Starts receiving at most `bytes` into buf from the next message with `tag`.
+  virtual void irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept = 0;
+  /// Fails every pending request with `status` and closes the link. Idempotent; any thread.
+  virtual void failAll(const Status& status) noexcept = 0;
+  /// One line for logs: transport, sockets, addresses.
+  virtual std::string describe() const = 0;
+};
+
+/// What a transport needs to set up its connections.
+struct TransportContext {
+  int rank = 0;
+  int size = 1;
+  Store* store = nullptr;  ///< the communicator's namespace in the rendezvous store
+  JobKey key{};            ///< the job secret every connection must prove
+  Nonce commId{};          ///< this communicator instance, so links of two communicators never mix
+  ProgressEngine* engine = nullptr;
+  std::shared_ptr<FailureState> failure;
+  Deadline deadline{std::chrono::milliseconds(0)};  ///< for setting up
+  int socketsPerPeer = 2;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  /// Publishes this rank's endpoint in ctx.store. Called before connect() on every rank.
+  virtual void publish(TransportContext& ctx) = 0;
+  /// Connects to every rank in `peers`, all ranks at once; returns connections indexed like peers.
+  virtual std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) = 0;
+};
+
+}  // namespace loom

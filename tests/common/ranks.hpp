@@ -1,0 +1,86 @@
+// Test helper: runs `fn(comm)` on n ranks as threads of this process, each with its own
+// Communicator joined through one unique id. A watchdog aborts every communicator when the ranks
+// do not finish within `limit`, so a hang fails the test instead of stalling the suite.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/loom.hpp"
+
+namespace loomtest {
+
+struct RankResult {
+  std::string error;
+};
+
+inline std::vector<RankResult> runRanks(int n, const std::function<void(loom::Communicator&)>& fn,
+                                        loom::Options options = {},
+                                        std::chrono::seconds limit = std::chrono::seconds(90),
+                                        const loom::UniqueId* givenId = nullptr) {
+  if (options.timeout.count() == 0) options.timeout = std::chrono::seconds(30);
+  if (options.initTimeout.count() == 0) options.initTimeout = std::chrono::seconds(30);
+  loom::UniqueId id = givenId != nullptr ? *givenId : loom::UniqueId::create();
+  std::vector<RankResult> results(static_cast<size_t>(n));
+  std::vector<loom::Communicator*> live(static_cast<size_t>(n), nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        loom::Communicator comm(r, n, id, options);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          live[static_cast<size_t>(r)] = &comm;
+        }
+        try {
+          fn(comm);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          live[static_cast<size_t>(r)] = nullptr;
+          throw;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        live[static_cast<size_t>(r)] = nullptr;
+      } catch (const std::exception& e) {
+        results[static_cast<size_t>(r)].error = e.what();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      ++finished;
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, limit, [&] { return finished == n; })) {
+      ADD_FAILURE() << "ranks did not finish within " << limit.count() << " s: aborting them";
+      for (auto* c : live)
+        if (c != nullptr) c->abort();
+    }
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+/// Runs and expects every rank to succeed.
+inline void runOk(int n, const std::function<void(loom::Communicator&)>& fn, loom::Options options = {}) {
+  auto results = runRanks(n, fn, options);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(results[static_cast<size_t>(r)].error, "") << "rank " << r;
+}
+
+/// A byte that depends on sender, receiver, message number and index: any misplaced byte shows.
+inline uint8_t pattern(int src, int dst, int msg, size_t i) {
+  return static_cast<uint8_t>((src * 131 + dst * 31 + msg * 7 + i * 13 + (i >> 8) * 3) & 0xff);
+}
+
+}  // namespace loomtest

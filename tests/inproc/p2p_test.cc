@@ -1,0 +1,266 @@
+// Point-to-point over TCP, ranks as threads: every datatype, sizes from 0 to beyond the eager
+// limit, world sizes 1 to 8, both directions at once, many messages in flight, tags, errors.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+
+#include "common/ranks.hpp"
+
+using loom::DataType;
+using loomtest::pattern;
+using loomtest::runOk;
+
+namespace {
+
+const DataType kAllTypes[] = {DataType::Int8,    DataType::Uint8,   DataType::Int32,   DataType::Uint32,
+                              DataType::Int64,   DataType::Uint64,  DataType::Float16, DataType::Float32,
+                              DataType::Float64, DataType::Bfloat16};
+
+// Every rank exchanges one message with every other rank (and itself), all posted at once.
+void allPairs(loom::Communicator& c, size_t count, DataType type, int msg) {
+  const int n = c.size(), me = c.rank();
+  const size_t bytes = count * loom::sizeOf(type);
+  std::vector<std::vector<uint8_t>> out(n), in(n);
+  std::vector<loom::Work> works;
+  for (int p = 0; p < n; ++p) {
+    out[p].resize(bytes);
+    for (size_t i = 0; i < bytes; ++i) out[p][i] = pattern(me, p, msg, i);
+    in[p].assign(bytes, 0xEE);
+    works.push_back(c.irecv(in[p].data(), count, type, p, static_cast<uint32_t>(msg)));
+  }
+  for (int p = 0; p < n; ++p) works.push_back(c.isend(out[p].data(), count, type, p, static_cast<uint32_t>(msg)));
+  loom::waitAll(works);
+  for (int p = 0; p < n; ++p) {
+    for (size_t i = 0; i < bytes; ++i) {
+      if (in[p][i] != pattern(p, me, msg, i)) {
+        FAIL() << "rank " << me << " byte " << i << " of " << bytes << " from rank " << p << " is wrong";
+      }
+    }
+  }
+}
+
+}  // namespace
+
+class WorldSize : public ::testing::TestWithParam<int> {};
+
+TEST_P(WorldSize, EveryPairEveryTypeAndSize) {
+  const size_t counts[] = {0, 1, 2, 7, 13, 1021, 65537, (1u << 18) + 3};
+  runOk(GetParam(), [&](loom::Communicator& c) {
+    int msg = 0;
+    for (DataType t : kAllTypes)
+      for (size_t n : counts) allPairs(c, n, t, msg++);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(P2P, WorldSize, ::testing::Range(1, 9));
+
+TEST(P2P, LargeBothDirectionsAtOnce) {
+  // 80 MiB each way at once between two ranks (above the 64 MiB the suite promises).
+  const size_t bytes = (80u << 20) + 5;
+  runOk(2, [&](loom::Communicator& c) {
+    const int peer = 1 - c.rank();
+    std::vector<uint8_t> out(bytes), in(bytes, 0);
+    for (size_t i = 0; i < bytes; ++i) out[i] = pattern(c.rank(), peer, 0, i);
+    auto r = c.irecv(in.data(), bytes, DataType::Uint8, peer);
+    auto s = c.isend(out.data(), bytes, DataType::Uint8, peer);
+    s.wait();
+    r.wait();
+    EXPECT_EQ(r.bytes(), bytes);
+    for (size_t i = 0; i < bytes; ++i)
+      if (in[i] != pattern(peer, c.rank(), 0, i)) FAIL() << "byte " << i;
+  });
+}
+
+TEST(P2P, ManyInFlightArriveInOrder) {
+  // 2000 messages of mixed sizes on one tag: they must match in send order.
+  runOk(3, [&](loom::Communicator& c) {
+    const int to = (c.rank() + 1) % 3, from = (c.rank() + 2) % 3;
+    const int kMsgs = 2000;
+    std::vector<std::vector<uint8_t>> out(kMsgs), in(kMsgs);
+    std::vector<loom::Work> works;
+    for (int m = 0; m < kMsgs; ++m) {
+      size_t len = (m % 10 == 0) ? 100000 + m : (m % 97);
+      out[m].resize(len);
+      for (size_t i = 0; i < len; ++i) out[m][i] = pattern(c.rank(), to, m, i);
+      in[m].assign(len, 0);
+    }
+    // Post half the receives before and half after the sends: both the posted and the
+    // unexpected paths are taken.
+    for (int m = 0; m < kMsgs / 2; ++m) works.push_back(c.irecv(in[m].data(), in[m].size(), DataType::Uint8, from));
+    for (int m = 0; m < kMsgs; ++m) works.push_back(c.isend(out[m].data(), out[m].size(), DataType::Uint8, to));
+    for (int m = kMsgs / 2; m < kMsgs; ++m) works.push_back(c.irecv(in[m].data(), in[m].size(), DataType::Uint8, from));
+    loom::waitAll(works);
+    for (int m = 0; m < kMsgs; ++m)
+      for (size_t i = 0; i < in[m].size(); ++i)
+        if (in[m][i] != pattern(from, c.rank(), m, i)) FAIL() << "message " << m << " byte " << i;
+  });
+}
+
+TEST(P2P, TagsMatchIndependently) {
+  runOk(2, [&](loom::Communicator& c) {
+    if (c.rank() == 0) {
+      std::vector<int32_t> a(10, 1), b(100000, 2);
+      c.send(a.data(), a.size(), DataType::Int32, 1, 5);
+      c.send(b.data(), b.size(), DataType::Int32, 1, 9);
+    } else {
+      // Receive tag 9 first (its RTS waits behind the tag-5 message), then tag 5.
+      std::vector<int32_t> a(10), b(100000);
+      auto wb = c.irecv(b.data(), b.size(), DataType::Int32, 0, 9);
+      auto wa = c.irecv(a.data(), a.size(), DataType::Int32, 0, 5);
+      wb.wait();
+      wa.wait();
+      EXPECT_EQ(a, std::vector<int32_t>(10, 1));
+      EXPECT_EQ(b, std::vector<int32_t>(100000, 2));
+    }
+  });
+}
+
+TEST(P2P, SmallerMessageIsAcceptedAndReported) {
+  runOk(2, [&](loom::Communicator& c) {
+    if (c.rank() == 0) {
+      std::vector<float> v(10, 1.0f);
+      c.send(v.data(), v.size(), DataType::Float32, 1);
+    } else {
+      std::vector<float> v(20, 0.0f);
+      auto w = c.irecv(v.data(), v.size(), DataType::Float32, 0);
+      w.wait();
+      EXPECT_EQ(w.bytes(), 40u);
+      EXPECT_EQ(v[9], 1.0f);
+      EXPECT_EQ(v[10], 0.0f);
+    }
+  });
+}
+
+TEST(P2P, LargerMessageThanReceiveIsAnErrorNotATruncation) {
+  for (size_t count : {size_t{100}, size_t{1} << 20}) {  // eager, then RTS/CTS
+    runOk(2, [&](loom::Communicator& c) {
+      std::vector<uint8_t> big(count, 7), small(count / 2, 0), next(4, 0);
+      if (c.rank() == 0) {
+        auto w = c.isend(big.data(), big.size(), DataType::Uint8, 1);
+        if (count > 1000) {  // the receiver refuses the announced message: the sender hears it
+          try {
+            w.wait();
+            ADD_FAILURE() << "send of a too-large message succeeded";
+          } catch (const loom::Error& e) {
+            EXPECT_EQ(e.code(), loom::ErrorCode::InvalidUsage);
+          }
+        } else {
+          w.wait();
+        }
+        uint8_t ok[4] = {1, 2, 3, 4};
+        c.send(ok, 4, DataType::Uint8, 1);  // the link is still usable
+      } else {
+        try {
+          c.recv(small.data(), small.size(), DataType::Uint8, 0);
+          ADD_FAILURE() << "receive of a too-large message succeeded";
+        } catch (const loom::Error& e) {
+          EXPECT_EQ(e.code(), loom::ErrorCode::InvalidUsage);
+          EXPECT_NE(std::string(e.what()).find("larger than the receive buffer"), std::string::npos) << e.what();
+        }
+        for (uint8_t b : small) EXPECT_TRUE(b == 0 || b == 7);  // never written past its end
+        c.recv(next.data(), 4, DataType::Uint8, 0);
+        EXPECT_EQ(next, (std::vector<uint8_t>{1, 2, 3, 4}));
+      }
+    });
+  }
+}
+
+TEST(P2P, BadArgumentsAreRejected) {
+  runOk(2, [&](loom::Communicator& c) {
+    auto expectCode = [](loom::ErrorCode code, const std::function<void()>& f) {
+      try {
+        f();
+        ADD_FAILURE() << "no error";
+      } catch (const loom::Error& e) {
+        EXPECT_EQ(e.code(), code) << e.what();
+      }
+    };
+    int x = 0;
+    expectCode(loom::ErrorCode::InvalidArgument, [&] { c.isend(nullptr, 4, DataType::Int32, 1); });
+    expectCode(loom::ErrorCode::InvalidArgument, [&] { c.isend(&x, 1, DataType::Int32, 2); });
+    expectCode(loom::ErrorCode::InvalidArgument, [&] { c.isend(&x, 1, DataType::Int32, -1); });
+    expectCode(loom::ErrorCode::InvalidArgument, [&] { c.isend(&x, static_cast<size_t>(-1), DataType::Int32, 1); });
+    expectCode(loom::ErrorCode::InvalidArgument, [&] { c.isend(&x, 1, static_cast<DataType>(42), 1); });
+    expectCode(loom::ErrorCode::InvalidArgument, [&] { c.irecv(&x, 1, DataType::Int32, 1, 0x80000000u); });
+    c.send(nullptr, 0, DataType::Int32, 1 - c.rank());  // zero elements need no buffer
+    c.recv(nullptr, 0, DataType::Int32, 1 - c.rank());
+  });
+}
+
+TEST(Barrier, NobodyLeavesBeforeEveryoneEntered) {
+  for (int n : {1, 2, 3, 5, 8}) {
+    std::vector<std::atomic<int>> entered(30);
+    for (auto& e : entered) e = 0;
+    runOk(n, [&](loom::Communicator& c) {
+      for (int it = 0; it < 30; ++it) {
+        if ((it + c.rank()) % 7 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        entered[it]++;
+        c.barrier();
+        EXPECT_EQ(entered[it].load(), n) << "iteration " << it;
+      }
+    });
+  }
+}
+
+TEST(Barrier, AsynchronousBarriersCompleteInOrder) {
+  runOk(4, [&](loom::Communicator& c) {
+    std::vector<loom::Work> w;
+    for (int i = 0; i < 50; ++i) w.push_back(c.ibarrier());
+    c.barrier();  // queued behind the 50
+    for (auto& x : w) EXPECT_TRUE(x.test());
+  });
+}
+
+TEST(Communicator, AbortUnblocksAWaitingReceive) {
+  auto results = loomtest::runRanks(2, [&](loom::Communicator& c) {
+    if (c.rank() == 1) {
+      int x = 0;
+      auto w = c.irecv(&x, 1, DataType::Int32, 0);
+      std::thread t([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        c.abort();
+      });
+      try {
+        w.wait();
+        ADD_FAILURE() << "wait returned after abort";
+      } catch (const loom::Error& e) {
+        EXPECT_EQ(e.code(), loom::ErrorCode::Aborted);
+      }
+      t.join();
+      EXPECT_THROW(c.barrier(), loom::Error);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));  // stay connected meanwhile
+    }
+  });
+  EXPECT_EQ(results[1].error, "");
+}
+
+TEST(Communicator, TimeoutNamesWhatWasAwaited) {
+  loom::Options o;
+  o.timeout = std::chrono::milliseconds(300);
+  auto results = loomtest::runRanks(2, [&](loom::Communicator& c) {
+    if (c.rank() == 1) {
+      int x = 0;
+      try {
+        c.recv(&x, 1, DataType::Int32, 0, 3);
+        ADD_FAILURE() << "no timeout";
+      } catch (const loom::Error& e) {
+        EXPECT_EQ(e.code(), loom::ErrorCode::Timeout);
+        EXPECT_NE(std::string(e.what()).find("recv of 1 int32 from rank 0 (tag 3)"), std::string::npos) << e.what();
+        EXPECT_EQ(e.peer(), 0);
+      }
+      // The communicator is failed now: every later call reports the original cause.
+      try {
+        c.barrier();
+        ADD_FAILURE() << "no error after timeout";
+      } catch (const loom::Error& e) {
+        EXPECT_EQ(e.code(), loom::ErrorCode::Timeout);
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // alive, but silent
+    }
+  }, o);
+  EXPECT_EQ(results[1].error, "");
+}

@@ -1,0 +1,188 @@
+// The rendezvous store and the peer ports under hostile input: stray clients, wrong keys, garbage
+// and huge length fields, while the job forms and runs. They are rejected and the job completes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "bootstrap/rendezvous.hpp"
+#include "bootstrap/store_protocol.hpp"
+#include "bootstrap/tcp_store.hpp"
+#include "bootstrap/tcp_store_server.hpp"
+#include "common/ranks.hpp"
+
+using namespace loom;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Connects, optionally reads what the server says first, sends `bytes`, and reports whether the
+// other side closed the connection within a second.
+bool strayIsClosed(const SockAddr& addr, const Bytes& bytes) {
+  int err = 0;
+  Socket s = connectTo(addr, Deadline(2000ms), &err);
+  if (!s.valid()) return true;  // refused counts as rejected
+  sendAll(s.fd(), bytes.data(), bytes.size(), Deadline(1000ms));
+  uint8_t buf[4096];
+  Deadline d(3000ms);
+  while (!d.expired()) {
+    int rc = recvAll(s.fd(), buf, 1, Deadline(100ms));
+    if (rc == ECONNRESET || (rc != 0 && rc != ETIMEDOUT)) return true;
+  }
+  return false;
+}
+
+Bytes text(const char* s) { return Bytes(s, s + std::strlen(s)); }
+
+}  // namespace
+
+TEST(Store, SetGetAddAcrossClients) {
+  JobKey key = deriveJobKey("store-test");
+  TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);
+  TcpStoreClient a("127.0.0.1", server.port(), key, 0, Deadline(5s), 5s);
+  TcpStoreClient b("127.0.0.1", server.port(), key, 1, Deadline(5s), 5s);
+  a.setString("x", "hello");
+  auto v = b.get("x", Deadline(1s));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(std::string(v->begin(), v->end()), "hello");
+  EXPECT_FALSE(b.tryGet("missing").has_value());
+  EXPECT_EQ(a.add("n", 5), 5);
+  EXPECT_EQ(b.add("n", -2), 3);
+  std::vector<std::string> missing;
+  EXPECT_FALSE(b.waitAll({"x", "y", "z"}, Deadline(50ms), &missing));
+  EXPECT_EQ(missing, (std::vector<std::string>{"y", "z"}));
+  Bytes big(3u << 20, 0x5a);  // values of several MiB pass
+  a.set("big", big);
+  EXPECT_EQ(*b.tryGet("big"), big);
+}
+
+TEST(Store, ClientWithAnotherJobsKeyIsTurnedAway) {
+  TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), deriveJobKey("job A"));
+  try {
+    TcpStoreClient c("127.0.0.1", server.port(), deriveJobKey("job B"), 3, Deadline(5s), 5s);
+    FAIL() << "joined a store with the wrong key";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("belongs to another job"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(server.rejected(), 1);
+}
+
+TEST(Store, NobodyListeningNamesHostAndPort) {
+  // Find a port nobody listens on.
+  int err = 0;
+  Socket probe = listenOn(SockAddr::resolve("127.0.0.1", 0).front(), 1, &err);
+  int port = localAddress(probe.fd()).port();
+  probe.reset();
+  try {
+    TcpStoreClient c("127.0.0.1", port, deriveJobKey("k"), 2, Deadline(300ms), 1s);
+    FAIL() << "connected to nothing";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Timeout);
+    std::string w = e.what();
+    EXPECT_NE(w.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << w;
+    EXPECT_NE(w.find("is rank 0 running"), std::string::npos) << w;
+  }
+}
+
+TEST(Store, PortTakenSaysWhatToDo) {
+  TcpStoreServer first(SockAddr::resolve("127.0.0.1", 0).front(), deriveJobKey("a"));
+  try {
+    TcpStoreServer second(SockAddr::resolve("127.0.0.1", first.port()).front(), deriveJobKey("b"));
+    FAIL() << "bound a taken port";
+  } catch (const Error& e) {
+    std::string w = e.what();
+    EXPECT_NE(w.find("Address already in use"), std::string::npos) << w;
+    EXPECT_NE(w.find("MASTER_PORT"), std::string::npos) << w;
+  }
+}
+
+TEST(Store, StrayClientsAreDroppedAndTheStoreGoesOn) {
+  JobKey key = deriveJobKey("stray");
+  TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);
+  SockAddr addr = SockAddr::resolve("127.0.0.1", server.port()).front();
+  EXPECT_TRUE(strayIsClosed(addr, text("GET / HTTP/1.0\r\n\r\n")));
+  Bytes wrongProof = text("LOOMSTC1");
+  wrongProof.resize(56, 0xab);
+  EXPECT_TRUE(strayIsClosed(addr, wrongProof));
+  // An authenticated client that sends a 4 GiB length field is dropped, not served.
+  TcpStoreClient good("127.0.0.1", server.port(), key, 0, Deadline(5s), 5s);
+  {
+    int err = 0;
+    Socket s = connectTo(addr, Deadline(2s), &err);
+    uint8_t hello[24];
+    ASSERT_EQ(recvAll(s.fd(), hello, 24, Deadline(2s)), 0);
+    Nonce sn, cn = randomNonce();
+    std::memcpy(sn.data(), hello + 8, 16);
+    Mac m = computeMac(key, "store-client", sn, cn);
+    Bytes msg = text("LOOMSTC1");
+    msg.insert(msg.end(), cn.begin(), cn.end());
+    msg.insert(msg.end(), m.begin(), m.end());
+    ASSERT_EQ(sendAll(s.fd(), msg.data(), msg.size(), Deadline(2s)), 0);
+    uint8_t proof[32];
+    EXPECT_EQ(recvAll(s.fd(), proof, 32, Deadline(2s)), 0);
+    const uint8_t huge[] = {0xff, 0xff, 0xff, 0xff, 1};
+    ASSERT_EQ(sendAll(s.fd(), huge, sizeof(huge), Deadline(2s)), 0);
+    uint8_t more;
+    EXPECT_EQ(recvAll(s.fd(), &more, 1, Deadline(3s)), ECONNRESET);  // dropped
+  }
+  good.setString("still", "works");
+  EXPECT_TRUE(good.tryGet("still").has_value());
+  EXPECT_GE(server.rejected(), 3);
+}
+
+// Strays hit the store and the peer ports while a 4-rank job forms and runs; the job's data is
+// exact and every stray is turned away.
+TEST(Store, JobFormsAndRunsDespiteStrays) {
+  UniqueId id = UniqueId::create();
+  UniqueIdFields f;
+  std::string why;
+  ASSERT_TRUE(decodeUniqueId(id.bytes().data(), id.bytes().size(), &f, &why));
+  std::atomic<bool> stop{false};
+  std::atomic<int> storeRejected{0}, peerRejected{0};
+  std::thread stray([&] {
+    std::string prefix = "id-";
+    static const char* d = "0123456789abcdef";
+    for (int i = 0; i < 8; ++i) {
+      prefix += d[f.commId[i] >> 4];
+      prefix += d[f.commId[i] & 15];
+    }
+    Bytes wrongKey = text("LOOMSTC1");
+    wrongKey.resize(56, 0x11);
+    Bytes peerJunk = text("LOOMPEC1");
+    peerJunk.resize(88, 0x22);
+    Bytes hugeLen(64, 0xff);
+    TcpStoreClient spy(f.store.host(), f.store.port(), f.key, -1, Deadline(10s), 10s);
+    while (!stop.load()) {
+      for (const Bytes& b : {text("\x16\x03\x01 garbage"), wrongKey, hugeLen})
+        storeRejected += strayIsClosed(f.store, b) ? 1 : 0;
+      for (int r = 1; r < 4; ++r) {
+        auto ep = spy.tryGet(prefix + "/tcp/" + std::to_string(r));
+        SockAddr peer;
+        if (!ep || !SockAddr::fromWire(ep->data(), &peer)) continue;
+        for (const Bytes& b : {text("SSH-2.0-OpenSSH_9.2\r\n"), peerJunk, hugeLen})
+          peerRejected += strayIsClosed(peer, b) ? 1 : 0;
+      }
+    }
+  });
+  auto results = loomtest::runRanks(4, [&](Communicator& c) {
+    if (c.rank() == 0) std::this_thread::sleep_for(1500ms);  // the others wait, under fire
+    for (int it = 0; it < 20; ++it) {
+      const int to = (c.rank() + 1) % 4, from = (c.rank() + 3) % 4;
+      std::vector<uint8_t> out(100000 + it), in(out.size());
+      for (size_t i = 0; i < out.size(); ++i) out[i] = loomtest::pattern(c.rank(), to, it, i);
+      auto r = c.irecv(in.data(), in.size(), DataType::Uint8, from);
+      c.send(out.data(), out.size(), DataType::Uint8, to);
+      r.wait();
+      for (size_t i = 0; i < in.size(); ++i)
+        if (in[i] != loomtest::pattern(from, c.rank(), it, i)) FAIL() << "corrupted byte " << i;
+      c.barrier();
+      std::this_thread::sleep_for(20ms);
+    }
+  }, {}, std::chrono::seconds(120), &id);
+  stop = true;
+  stray.join();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(results[r].error, "") << "rank " << r;
+  EXPECT_GT(storeRejected.load(), 0);
+  EXPECT_GT(peerRejected.load(), 0);
+}
