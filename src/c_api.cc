@@ -58,14 +58,22 @@ std::shared_ptr<loomComm> unregister(loomComm_t handle) {
 
 loomResult_t toResult(ErrorCode code) {
   switch (code) {
-    case ErrorCode::InvalidArgument: return loomInvalidArgument;
-    case ErrorCode::InvalidUsage: return loomInvalidUsage;
-    case ErrorCode::System: return loomSystemError;
-    case ErrorCode::Remote: return loomRemoteError;
-    case ErrorCode::Timeout: return loomTimeout;
-    case ErrorCode::Aborted: return loomAborted;
-    case ErrorCode::Internal: return loomInternalError;
-    case ErrorCode::Cuda: return loomUnhandledCudaError;
+    case ErrorCode::InvalidArgument:
+      return loomInvalidArgument;
+    case ErrorCode::InvalidUsage:
+      return loomInvalidUsage;
+    case ErrorCode::System:
+      return loomSystemError;
+    case ErrorCode::Remote:
+      return loomRemoteError;
+    case ErrorCode::Timeout:
+      return loomTimeout;
+    case ErrorCode::Aborted:
+      return loomAborted;
+    case ErrorCode::Internal:
+      return loomInternalError;
+    case ErrorCode::Cuda:
+      return loomUnhandledCudaError;
   }
   return loomInternalError;
 }
@@ -167,8 +175,10 @@ loomResult_t p2p(bool send, const void* buf, size_t count, loomDataType_t dataty
       tlsGroup.ops.push_back(GroupOp{c, send, const_cast<void*>(buf), count, type, peer});
       return;
     }
-    if (send) c->comm->send(buf, count, type, peer);
-    else c->comm->recv(const_cast<void*>(buf), count, type, peer);
+    if (send)
+      c->comm->send(buf, count, type, peer);
+    else
+      c->comm->recv(const_cast<void*>(buf), count, type, peer);
   });
 }
 
@@ -264,17 +274,28 @@ loomResult_t loomCommUserRank(const loomComm_t comm, int* rank) {
 
 const char* loomGetErrorString(loomResult_t result) {
   switch (result) {
-    case loomSuccess: return "no error";
-    case loomUnhandledCudaError: return "unhandled CUDA error";
-    case loomSystemError: return "system error (socket, memory or file)";
-    case loomInternalError: return "internal error (a bug in Loom)";
-    case loomInvalidArgument: return "invalid argument";
-    case loomInvalidUsage: return "invalid usage";
-    case loomRemoteError: return "remote process exited or a network error occurred";
-    case loomInProgress: return "operation in progress";
-    case loomTimeout: return "timeout";
-    case loomAborted: return "communicator aborted";
-    default: return "unknown result code";
+    case loomSuccess:
+      return "no error";
+    case loomUnhandledCudaError:
+      return "unhandled CUDA error";
+    case loomSystemError:
+      return "system error (socket, memory or file)";
+    case loomInternalError:
+      return "internal error (a bug in Loom)";
+    case loomInvalidArgument:
+      return "invalid argument";
+    case loomInvalidUsage:
+      return "invalid usage";
+    case loomRemoteError:
+      return "remote process exited or a network error occurred";
+    case loomInProgress:
+      return "operation in progress";
+    case loomTimeout:
+      return "timeout";
+    case loomAborted:
+      return "communicator aborted";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -345,8 +366,8 @@ loomResult_t loomBarrier(loomComm_t comm, loomStream_t stream) {
   });
 }
 
-loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                           loomRedOp_t op, loomComm_t comm, loomStream_t stream) {
+loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomRedOp_t op,
+                           loomComm_t comm, loomStream_t stream) {
   return guard([&] {
     auto c = lookup(comm);
     checkHostStream(stream, "all-reduce");
@@ -390,8 +411,8 @@ loomResult_t loomReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   });
 }
 
-loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                          loomComm_t comm, loomStream_t stream) {
+loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomComm_t comm,
+                          loomStream_t stream) {
   return guard([&] {
     auto c = lookup(comm);
     checkHostStream(stream, "all-to-all");

@@ -97,14 +97,14 @@ typedef struct {
  * environment variable, shown beside it).
  */
 typedef struct {
-  size_t size;             /**< sizeof(loomConfig_t), set by the initializer */
-  unsigned int magic;      /**< set by the initializer */
-  unsigned int version;    /**< LOOM_VERSION_CODE, set by the initializer */
-  int timeoutMs;           /**< deadline of every wait (LOOM_TIMEOUT, seconds; default 300 s); -1: default */
-  int initTimeoutMs;       /**< deadline of rendezvous (LOOM_INIT_TIMEOUT, seconds; default 120 s); -1: default */
-  const char* name;        /**< communicator name used in logs and errors; NULL: "loom" */
-  const char* transports;  /**< transports allowed, e.g. "tcp" (LOOM_TRANSPORT); NULL: all */
-  int socketsPerPeer;      /**< TCP sockets striped per peer (LOOM_SOCKETS_PER_PEER); -1: default */
+  size_t size;            /**< sizeof(loomConfig_t), set by the initializer */
+  unsigned int magic;     /**< set by the initializer */
+  unsigned int version;   /**< LOOM_VERSION_CODE, set by the initializer */
+  int timeoutMs;          /**< deadline of every wait (LOOM_TIMEOUT, seconds; default 300 s); -1: default */
+  int initTimeoutMs;      /**< deadline of rendezvous (LOOM_INIT_TIMEOUT, seconds; default 120 s); -1: default */
+  const char* name;       /**< communicator name used in logs and errors; NULL: "loom" */
+  const char* transports; /**< transports allowed, e.g. "tcp" (LOOM_TRANSPORT); NULL: all */
+  int socketsPerPeer;     /**< TCP sockets striped per peer (LOOM_SOCKETS_PER_PEER); -1: default */
 } loomConfig_t;
 
 #define LOOM_CONFIG_MAGIC 0x4c4f4f4du
@@ -170,8 +170,8 @@ const char* loomGetLastError(loomComm_t comm);
 /* ---- Collectives. Counts are numbers of elements; sendbuff == recvbuff means in place. ---- */
 
 /** recvbuff[i] = op over ranks of sendbuff[i], on every rank. */
-loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                           loomRedOp_t op, loomComm_t comm, loomStream_t stream);
+loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomRedOp_t op,
+                           loomComm_t comm, loomStream_t stream);
 
 /** Copies root's sendbuff into every rank's recvbuff (sendbuff is read on the root only). */
 loomResult_t loomBroadcast(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, int root,
@@ -190,8 +190,8 @@ loomResult_t loomReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                loomRedOp_t op, loomComm_t comm, loomStream_t stream);
 
 /** recvbuff[r * count + i] = sendbuff[rank * count + i] of rank r. Both hold nranks * count. */
-loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                          loomComm_t comm, loomStream_t stream);
+loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomComm_t comm,
+                          loomStream_t stream);
 
 /** Returns once every rank has entered the barrier. */
 loomResult_t loomBarrier(loomComm_t comm, loomStream_t stream);

@@ -94,14 +94,38 @@ class Error : public std::runtime_error {
 /// Maps a C++ element type to its DataType.
 template <typename T>
 constexpr DataType dataTypeOf();
-template <> constexpr DataType dataTypeOf<int8_t>() { return DataType::Int8; }
-template <> constexpr DataType dataTypeOf<uint8_t>() { return DataType::Uint8; }
-template <> constexpr DataType dataTypeOf<int32_t>() { return DataType::Int32; }
-template <> constexpr DataType dataTypeOf<uint32_t>() { return DataType::Uint32; }
-template <> constexpr DataType dataTypeOf<int64_t>() { return DataType::Int64; }
-template <> constexpr DataType dataTypeOf<uint64_t>() { return DataType::Uint64; }
-template <> constexpr DataType dataTypeOf<float>() { return DataType::Float32; }
-template <> constexpr DataType dataTypeOf<double>() { return DataType::Float64; }
+template <>
+constexpr DataType dataTypeOf<int8_t>() {
+  return DataType::Int8;
+}
+template <>
+constexpr DataType dataTypeOf<uint8_t>() {
+  return DataType::Uint8;
+}
+template <>
+constexpr DataType dataTypeOf<int32_t>() {
+  return DataType::Int32;
+}
+template <>
+constexpr DataType dataTypeOf<uint32_t>() {
+  return DataType::Uint32;
+}
+template <>
+constexpr DataType dataTypeOf<int64_t>() {
+  return DataType::Int64;
+}
+template <>
+constexpr DataType dataTypeOf<uint64_t>() {
+  return DataType::Uint64;
+}
+template <>
+constexpr DataType dataTypeOf<float>() {
+  return DataType::Float32;
+}
+template <>
+constexpr DataType dataTypeOf<double>() {
+  return DataType::Float64;
+}
 
 /// Communicator options. A field left unset takes its environment variable, then the default.
 struct Options {

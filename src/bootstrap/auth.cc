@@ -42,10 +42,12 @@ Mac computeMac(const JobKey& key, const char* label, const Nonce& a, const Nonce
   msg.insert(msg.end(), label, label + labelLen);
   msg.insert(msg.end(), a.begin(), a.end());
   msg.insert(msg.end(), b.begin(), b.end());
-  if (extraLen > 0) msg.insert(msg.end(), static_cast<const uint8_t*>(extra), static_cast<const uint8_t*>(extra) + extraLen);
+  if (extraLen > 0)
+    msg.insert(msg.end(), static_cast<const uint8_t*>(extra), static_cast<const uint8_t*>(extra) + extraLen);
   Mac mac{};
   unsigned int len = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), msg.data(), msg.size(), mac.data(), &len) == nullptr ||
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), msg.data(), msg.size(), mac.data(), &len) ==
+          nullptr ||
       len != mac.size()) {
     LOOM_THROW(ErrorCode::Internal, -1, "HMAC-SHA256 failed");
   }

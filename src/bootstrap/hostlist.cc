@@ -9,7 +9,8 @@ namespace loom {
 namespace {
 
 [[noreturn]] void malformed(const std::string& list, const std::string& why) {
-  LOOM_THROW(ErrorCode::InvalidArgument, -1, strFormat("malformed Slurm host list \"%s\": %s", list.c_str(), why.c_str()));
+  LOOM_THROW(ErrorCode::InvalidArgument, -1,
+             strFormat("malformed Slurm host list \"%s\": %s", list.c_str(), why.c_str()));
 }
 
 // Splits at commas that are outside brackets.

@@ -116,8 +116,10 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
   info.launcher = rankSource->launcher;
   const std::string launcherKind = info.launcher;
   if (launcherKind == "environment") {
-    if (isSet(env, "LOOMRUN_JOB")) info.launcher = "loomrun";
-    else if (isSet(env, "TORCHELASTIC_RUN_ID")) info.launcher = "torchrun";
+    if (isSet(env, "LOOMRUN_JOB"))
+      info.launcher = "loomrun";
+    else if (isSet(env, "TORCHELASTIC_RUN_ID"))
+      info.launcher = "torchrun";
   }
   info.provenance.emplace_back("rank", from(info.rank, rankSource->rankVar));
   info.provenance.emplace_back("world size", from(info.size, rankSource->sizeVar));
@@ -177,14 +179,17 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
   // Job identity: for the port when none is given, and for the weaker default job key.
   std::string identity;
   if (slurm && isSet(env, "SLURM_JOB_ID")) {
-    identity = std::string("slurm:") + env("SLURM_JOB_ID") + ":" + (isSet(env, "SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "");
+    identity =
+        std::string("slurm:") + env("SLURM_JOB_ID") + ":" + (isSet(env, "SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "");
   } else if (launcherKind == "openmpi" && (isSet(env, "PMIX_NAMESPACE") || isSet(env, "OMPI_MCA_ess_base_jobid"))) {
-    identity = std::string("openmpi:") + (isSet(env, "PMIX_NAMESPACE") ? env("PMIX_NAMESPACE") : env("OMPI_MCA_ess_base_jobid"));
+    identity = std::string("openmpi:") +
+               (isSet(env, "PMIX_NAMESPACE") ? env("PMIX_NAMESPACE") : env("OMPI_MCA_ess_base_jobid"));
   } else if (isSet(env, "TORCHELASTIC_RUN_ID")) {
     identity = std::string("torchrun:") + env("TORCHELASTIC_RUN_ID");
   }
 
-  const char* portVar = isSet(env, "LOOM_MASTER_PORT") ? "LOOM_MASTER_PORT" : (isSet(env, "MASTER_PORT") ? "MASTER_PORT" : nullptr);
+  const char* portVar =
+      isSet(env, "LOOM_MASTER_PORT") ? "LOOM_MASTER_PORT" : (isSet(env, "MASTER_PORT") ? "MASTER_PORT" : nullptr);
   if (portVar != nullptr) {
     info.masterPort = static_cast<int>(parseInt(env, portVar, 0, 65535));
     if (info.masterPort == 0) {
@@ -196,7 +201,8 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
     info.provenance.emplace_back("master port", from(info.masterPort, portVar));
   } else if (!identity.empty()) {
     info.masterPort = portFromIdentity(identity);
-    info.provenance.emplace_back("master port", strFormat("%d (derived from the job id %s)", info.masterPort, identity.c_str()));
+    info.provenance.emplace_back("master port",
+                                 strFormat("%d (derived from the job id %s)", info.masterPort, identity.c_str()));
   } else {
     info.masterPort = 29500;
     info.provenance.emplace_back("master port", "29500 (default; set MASTER_PORT)");
@@ -210,7 +216,8 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
     if (identity.empty()) identity = strFormat("addr:%s:%d", info.masterAddr.c_str(), info.masterPort);
     info.jobKeySeed = identity;
     info.jobKeyWeak = true;
-    info.provenance.emplace_back("job key", "derived from " + identity + " (weak: set LOOM_JOB_KEY to a random secret)");
+    info.provenance.emplace_back("job key",
+                                 "derived from " + identity + " (weak: set LOOM_JOB_KEY to a random secret)");
   }
   return info;
 }

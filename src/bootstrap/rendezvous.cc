@@ -105,8 +105,9 @@ StoreAccess connectFromLaunch(const LaunchInfo& launch, const Deadline& deadline
   StoreAccess a;
   a.key = deriveJobKey(launch.jobKeySeed);
   if (launch.jobKeyWeak) {
-    LOOM_INFO("job key derived from the job's identity; set LOOM_JOB_KEY to a random secret shared by the ranks for "
-              "a stronger one");
+    LOOM_INFO(
+        "job key derived from the job's identity; set LOOM_JOB_KEY to a random secret shared by the ranks for "
+        "a stronger one");
   }
   if (launch.rank == 0) {
     std::lock_guard<std::mutex> lock(hosted().mu);

@@ -35,7 +35,8 @@ class Store {
 /// Keys of `base` under "prefix/". Shares ownership of base.
 class PrefixStore : public Store {
  public:
-  PrefixStore(std::string prefix, std::shared_ptr<Store> base) : prefix_(std::move(prefix) + "/"), base_(std::move(base)) {}
+  PrefixStore(std::string prefix, std::shared_ptr<Store> base)
+      : prefix_(std::move(prefix) + "/"), base_(std::move(base)) {}
   void set(const std::string& key, const Bytes& value) override { base_->set(prefix_ + key, value); }
   std::optional<Bytes> tryGet(const std::string& key) override { return base_->tryGet(prefix_ + key); }
   int64_t add(const std::string& key, int64_t delta) override { return base_->add(prefix_ + key, delta); }

@@ -11,10 +11,11 @@
 
 namespace loom {
 
-TcpStoreClient::TcpStoreClient(const std::string& host, int port, const JobKey& key, int rank,
-                               const Deadline& deadline, std::chrono::milliseconds opTimeout)
+TcpStoreClient::TcpStoreClient(const std::string& host, int port, const JobKey& key, int rank, const Deadline& deadline,
+                               std::chrono::milliseconds opTimeout)
     : rank_(rank), opTimeout_(opTimeout) {
-  endpoint_ = host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port) : host + ":" + std::to_string(port);
+  endpoint_ = host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
+                                                  : host + ":" + std::to_string(port);
   int lastErr = 0;
   auto pause = std::chrono::milliseconds(10);
   int attempts = 0;
@@ -79,7 +80,8 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, const JobKey& 
 Bytes TcpStoreClient::roundTrip(const Bytes& request, uint8_t* status) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!sock_.valid()) {
-    LOOM_THROW(ErrorCode::Remote, rank_, strFormat("the connection to the rendezvous store at %s was lost", endpoint_.c_str()));
+    LOOM_THROW(ErrorCode::Remote, rank_,
+               strFormat("the connection to the rendezvous store at %s was lost", endpoint_.c_str()));
   }
   Deadline deadline(opTimeout_);
   int err = sendAll(sock_.fd(), request.data(), request.size(), deadline);

@@ -161,9 +161,10 @@ bool TcpStoreServer::onReadable(Client& c) {
     size_t have = std::min(c.in.size(), static_cast<size_t>(8));
     if (std::memcmp(c.in.data(), storewire::kClientMagic, have) != 0) {
       ++rejected_;
-      LOOM_WARN("rendezvous store: rejected connection from %s: it does not speak Loom's protocol (a stray client "
-                "or port scanner?)",
-                c.peer.c_str());
+      LOOM_WARN(
+          "rendezvous store: rejected connection from %s: it does not speak Loom's protocol (a stray client "
+          "or port scanner?)",
+          c.peer.c_str());
       return false;
     }
     if (c.in.size() < storewire::kClientHello) return true;
@@ -172,9 +173,10 @@ bool TcpStoreServer::onReadable(Client& c) {
     Mac expect = computeMac(key_, "store-client", c.nonce, clientNonce);
     if (!macEqual(expect, c.in.data() + 24)) {
       ++rejected_;
-      LOOM_WARN("rendezvous store: rejected connection from %s: wrong job key (a rank of another job using this "
-                "port?)",
-                c.peer.c_str());
+      LOOM_WARN(
+          "rendezvous store: rejected connection from %s: wrong job key (a rank of another job using this "
+          "port?)",
+          c.peer.c_str());
       return false;
     }
     c.authed = true;

@@ -37,7 +37,9 @@ Work Communicator::iallReduce(const void* sendbuf, void* recvbuf, size_t count, 
   checkOp(op, c.rank());
   unavailable(c, "all-reduce");
 }
-void Communicator::allReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op) { iallReduce(s, r, n, t, op).wait(); }
+void Communicator::allReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
+  iallReduce(s, r, n, t, op).wait();
+}
 
 Work Communicator::ibroadcast(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root) {
   auto& c = implOf(*this);
@@ -47,7 +49,9 @@ Work Communicator::ibroadcast(const void* sendbuf, void* recvbuf, size_t count, 
   c.checkBuffer(recvbuf, count, type, "broadcast");
   unavailable(c, "broadcast");
 }
-void Communicator::broadcast(const void* s, void* r, size_t n, DataType t, int root) { ibroadcast(s, r, n, t, root).wait(); }
+void Communicator::broadcast(const void* s, void* r, size_t n, DataType t, int root) {
+  ibroadcast(s, r, n, t, root).wait();
+}
 
 Work Communicator::ireduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op, int root) {
   auto& c = implOf(*this);
@@ -66,7 +70,8 @@ Work Communicator::iallGather(const void* sendbuf, void* recvbuf, size_t sendcou
   auto& c = implOf(*this);
   c.checkOk();
   c.checkBuffer(sendbuf, sendcount, type, "all-gather");
-  if (sendcount > SIZE_MAX / static_cast<size_t>(c.size())) LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "all-gather: count overflows");
+  if (sendcount > SIZE_MAX / static_cast<size_t>(c.size()))
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "all-gather: count overflows");
   c.checkBuffer(recvbuf, sendcount * static_cast<size_t>(c.size()), type, "all-gather");
   unavailable(c, "all-gather");
 }
@@ -75,7 +80,8 @@ void Communicator::allGather(const void* s, void* r, size_t n, DataType t) { ial
 Work Communicator::ireduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op) {
   auto& c = implOf(*this);
   c.checkOk();
-  if (recvcount > SIZE_MAX / static_cast<size_t>(c.size())) LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "reduce-scatter: count overflows");
+  if (recvcount > SIZE_MAX / static_cast<size_t>(c.size()))
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "reduce-scatter: count overflows");
   c.checkBuffer(sendbuf, recvcount * static_cast<size_t>(c.size()), type, "reduce-scatter");
   c.checkBuffer(recvbuf, recvcount, type, "reduce-scatter");
   checkOp(op, c.rank());
@@ -88,7 +94,8 @@ void Communicator::reduceScatter(const void* s, void* r, size_t n, DataType t, R
 Work Communicator::iallToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type) {
   auto& c = implOf(*this);
   c.checkOk();
-  if (count > SIZE_MAX / static_cast<size_t>(c.size())) LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "all-to-all: count overflows");
+  if (count > SIZE_MAX / static_cast<size_t>(c.size()))
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "all-to-all: count overflows");
   c.checkBuffer(sendbuf, count * static_cast<size_t>(c.size()), type, "all-to-all");
   c.checkBuffer(recvbuf, count * static_cast<size_t>(c.size()), type, "all-to-all");
   unavailable(c, "all-to-all");

@@ -95,7 +95,12 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back("join/" + std::to_string(r));
   std::vector<std::string> missing;
-  if (!store.waitAll(keys, deadline, &missing)) {
+  // The rank hosting the store waits a little longer than the others, so that they can still
+  // ask the store who is missing when their own deadline passes.
+  const bool hosting = access_.keepAlive != nullptr;
+  const Deadline joinDeadline(std::chrono::milliseconds(deadline.remainingMs()) +
+                              (hosting ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0)));
+  if (!store.waitAll(keys, joinDeadline, &missing)) {
     std::vector<int> absent;
     for (const auto& k : missing) absent.push_back(std::stoi(k.substr(5)));
     LOOM_THROW(ErrorCode::Timeout, rank,
@@ -179,9 +184,9 @@ size_t CommImpl::checkBuffer(const void* buf, size_t count, DataType type, const
   }
   const size_t elem = sizeOf(type);
   if (count > SIZE_MAX / elem || count > static_cast<size_t>(INT64_MAX) / elem) {
-    LOOM_THROW(ErrorCode::InvalidArgument, rank_,
-               strFormat("%s: count %zu of %s overflows (negative count passed as size_t?)", what, count,
-                         toString(type)));
+    LOOM_THROW(
+        ErrorCode::InvalidArgument, rank_,
+        strFormat("%s: count %zu of %s overflows (negative count passed as size_t?)", what, count, toString(type)));
   }
   if (buf == nullptr && count > 0) {
     LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("%s: null buffer with count %zu", what, count));
@@ -205,7 +210,8 @@ RequestPtr CommImpl::isend(const void* buf, size_t count, DataType type, int pee
   checkOk();
   checkPeer(peer, "send");
   size_t bytes = checkBuffer(buf, count, type, "send");
-  if (tag >= kCollectiveTagBit) LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("send: tag %u is not below 2^31", tag));
+  if (tag >= kCollectiveTagBit)
+    LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("send: tag %u is not below 2^31", tag));
   return postSend(peer, buf, bytes, tag,
                   strFormat("send of %zu %s to rank %d (tag %u)", count, toString(type), peer, tag));
 }
@@ -214,7 +220,8 @@ RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uin
   checkOk();
   checkPeer(peer, "recv");
   size_t bytes = checkBuffer(buf, count, type, "recv");
-  if (tag >= kCollectiveTagBit) LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("recv: tag %u is not below 2^31", tag));
+  if (tag >= kCollectiveTagBit)
+    LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("recv: tag %u is not below 2^31", tag));
   return postRecv(peer, buf, bytes, tag,
                   strFormat("recv of %zu %s from rank %d (tag %u)", count, toString(type), peer, tag));
 }

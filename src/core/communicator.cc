@@ -31,7 +31,8 @@ UniqueId UniqueId::fromBytes(const void* data, size_t size) {
 
 UniqueId UniqueId::fromHex(const std::string& hex) {
   if (hex.size() != 2 * kBytes) {
-    LOOM_THROW(ErrorCode::InvalidArgument, -1, strFormat("a unique id in hex has %zu digits, not %zu", 2 * kBytes, hex.size()));
+    LOOM_THROW(ErrorCode::InvalidArgument, -1,
+               strFormat("a unique id in hex has %zu digits, not %zu", 2 * kBytes, hex.size()));
   }
   uint8_t raw[kBytes];
   for (size_t i = 0; i < kBytes; ++i) {
@@ -154,9 +155,9 @@ Work Communicator::irecv(void* buf, size_t count, DataType type, int peer, uint3
 namespace {
 void checkNotSelf(const detail::CommImpl& c, int peer, const char* what) {
   if (peer == c.rank()) {
-    LOOM_THROW(ErrorCode::InvalidUsage, c.rank(),
-               strFormat("a blocking %s to this rank itself can never complete: use isend/irecv (or a group in C)",
-                         what));
+    LOOM_THROW(
+        ErrorCode::InvalidUsage, c.rank(),
+        strFormat("a blocking %s to this rank itself can never complete: use isend/irecv (or a group in C)", what));
   }
 }
 }  // namespace

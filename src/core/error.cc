@@ -8,41 +8,64 @@ namespace loom {
 
 const char* toString(ErrorCode code) {
   switch (code) {
-    case ErrorCode::InvalidArgument: return "invalid argument";
-    case ErrorCode::InvalidUsage: return "invalid usage";
-    case ErrorCode::System: return "system error";
-    case ErrorCode::Remote: return "remote error";
-    case ErrorCode::Timeout: return "timeout";
-    case ErrorCode::Aborted: return "aborted";
-    case ErrorCode::Internal: return "internal error";
-    case ErrorCode::Cuda: return "CUDA error";
+    case ErrorCode::InvalidArgument:
+      return "invalid argument";
+    case ErrorCode::InvalidUsage:
+      return "invalid usage";
+    case ErrorCode::System:
+      return "system error";
+    case ErrorCode::Remote:
+      return "remote error";
+    case ErrorCode::Timeout:
+      return "timeout";
+    case ErrorCode::Aborted:
+      return "aborted";
+    case ErrorCode::Internal:
+      return "internal error";
+    case ErrorCode::Cuda:
+      return "CUDA error";
   }
   return "unknown error";
 }
 
 const char* toString(DataType type) {
   switch (type) {
-    case DataType::Int8: return "int8";
-    case DataType::Uint8: return "uint8";
-    case DataType::Int32: return "int32";
-    case DataType::Uint32: return "uint32";
-    case DataType::Int64: return "int64";
-    case DataType::Uint64: return "uint64";
-    case DataType::Float16: return "float16";
-    case DataType::Float32: return "float32";
-    case DataType::Float64: return "float64";
-    case DataType::Bfloat16: return "bfloat16";
+    case DataType::Int8:
+      return "int8";
+    case DataType::Uint8:
+      return "uint8";
+    case DataType::Int32:
+      return "int32";
+    case DataType::Uint32:
+      return "uint32";
+    case DataType::Int64:
+      return "int64";
+    case DataType::Uint64:
+      return "uint64";
+    case DataType::Float16:
+      return "float16";
+    case DataType::Float32:
+      return "float32";
+    case DataType::Float64:
+      return "float64";
+    case DataType::Bfloat16:
+      return "bfloat16";
   }
   return "unknown-type";
 }
 
 const char* toString(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Prod: return "prod";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Prod:
+      return "prod";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Avg:
+      return "avg";
   }
   return "unknown-op";
 }
@@ -50,15 +73,19 @@ const char* toString(ReduceOp op) {
 size_t sizeOf(DataType type) {
   switch (type) {
     case DataType::Int8:
-    case DataType::Uint8: return 1;
+    case DataType::Uint8:
+      return 1;
     case DataType::Float16:
-    case DataType::Bfloat16: return 2;
+    case DataType::Bfloat16:
+      return 2;
     case DataType::Int32:
     case DataType::Uint32:
-    case DataType::Float32: return 4;
+    case DataType::Float32:
+      return 4;
     case DataType::Int64:
     case DataType::Uint64:
-    case DataType::Float64: return 8;
+    case DataType::Float64:
+      return 8;
   }
   return 0;
 }

@@ -25,10 +25,14 @@ LogLevel parseLevel(const std::string& s) {
 
 const char* levelName(LogLevel l) {
   switch (l) {
-    case LogLevel::Warn: return "WARN";
-    case LogLevel::Info: return "INFO";
-    case LogLevel::Trace: return "TRACE";
-    default: return "";
+    case LogLevel::Warn:
+      return "WARN";
+    case LogLevel::Info:
+      return "INFO";
+    case LogLevel::Trace:
+      return "TRACE";
+    default:
+      return "";
   }
 }
 
@@ -53,9 +57,8 @@ void logLine(LogLevel level, const std::string& message) {
     return std::string(buf);
   }();
   std::string rank = tlsRank >= 0 ? std::to_string(tlsRank) : std::string("-");
-  std::string line =
-      strFormat("%s:%d:%s LOOM %s %s\n", host.c_str(), static_cast<int>(getpid()), rank.c_str(), levelName(level),
-                message.c_str());
+  std::string line = strFormat("%s:%d:%s LOOM %s %s\n", host.c_str(), static_cast<int>(getpid()), rank.c_str(),
+                               levelName(level), message.c_str());
   // One write per line so that lines from several threads and processes do not interleave.
   fwrite(line.data(), 1, line.size(), stderr);
 }

@@ -35,8 +35,8 @@ void setThreadLogRank(int rank);
 
 }  // namespace loom
 
-#define LOOM_LOG(level, ...)                                                 \
-  do {                                                                       \
+#define LOOM_LOG(level, ...)                                                                     \
+  do {                                                                                           \
     if (::loom::logLevel() >= (level)) ::loom::logLine((level), ::loom::strFormat(__VA_ARGS__)); \
   } while (0)
 #define LOOM_WARN(...) LOOM_LOG(::loom::LogLevel::Warn, __VA_ARGS__)

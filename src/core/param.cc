@@ -32,7 +32,8 @@ ParamRegistrar::ParamRegistrar(const char* env, std::string defaultText, const c
 std::vector<ParamInfo> allParams() {
   std::lock_guard<std::mutex> lock(registryMutex());
   auto out = registry();
-  std::sort(out.begin(), out.end(), [](const ParamInfo& a, const ParamInfo& b) { return std::strcmp(a.env, b.env) < 0; });
+  std::sort(out.begin(), out.end(),
+            [](const ParamInfo& a, const ParamInfo& b) { return std::strcmp(a.env, b.env) < 0; });
   return out;
 }
 

@@ -35,9 +35,9 @@ std::string envStr(const char* env, const char* def);
 
 }  // namespace loom
 
-#define LOOM_PARAM_INT(fn, env, def, help)                                            \
-  static ::loom::ParamRegistrar fn##Registrar_(env, std::to_string(def), help);       \
+#define LOOM_PARAM_INT(fn, env, def, help)                                      \
+  static ::loom::ParamRegistrar fn##Registrar_(env, std::to_string(def), help); \
   static inline int64_t fn() { return ::loom::envInt(env, def); }
-#define LOOM_PARAM_STR(fn, env, def, help)                                            \
-  static ::loom::ParamRegistrar fn##Registrar_(env, def, help);                       \
+#define LOOM_PARAM_STR(fn, env, def, help)                      \
+  static ::loom::ParamRegistrar fn##Registrar_(env, def, help); \
   static inline std::string fn() { return ::loom::envStr(env, def); }

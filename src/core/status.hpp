@@ -38,4 +38,5 @@ Status statusFromCurrentException();
 
 /// Throws loom::Error with file:line. Usage: LOOM_THROW(ErrorCode::InvalidArgument, rank, "bad count " ...).
 #define LOOM_THROW(code, rank, msg) throw ::loom::Error((code), (msg), (rank), -1, -1, __FILE__, __LINE__)
-#define LOOM_THROW_PEER(code, rank, peer, msg) throw ::loom::Error((code), (msg), (rank), (peer), -1, __FILE__, __LINE__)
+#define LOOM_THROW_PEER(code, rank, peer, msg) \
+  throw ::loom::Error((code), (msg), (rank), (peer), -1, __FILE__, __LINE__)

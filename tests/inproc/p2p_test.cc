@@ -240,27 +240,30 @@ TEST(Communicator, AbortUnblocksAWaitingReceive) {
 TEST(Communicator, TimeoutNamesWhatWasAwaited) {
   loom::Options o;
   o.timeout = std::chrono::milliseconds(300);
-  auto results = loomtest::runRanks(2, [&](loom::Communicator& c) {
-    if (c.rank() == 1) {
-      int x = 0;
-      try {
-        c.recv(&x, 1, DataType::Int32, 0, 3);
-        ADD_FAILURE() << "no timeout";
-      } catch (const loom::Error& e) {
-        EXPECT_EQ(e.code(), loom::ErrorCode::Timeout);
-        EXPECT_NE(std::string(e.what()).find("recv of 1 int32 from rank 0 (tag 3)"), std::string::npos) << e.what();
-        EXPECT_EQ(e.peer(), 0);
-      }
-      // The communicator is failed now: every later call reports the original cause.
-      try {
-        c.barrier();
-        ADD_FAILURE() << "no error after timeout";
-      } catch (const loom::Error& e) {
-        EXPECT_EQ(e.code(), loom::ErrorCode::Timeout);
-      }
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // alive, but silent
-    }
-  }, o);
+  auto results = loomtest::runRanks(
+      2,
+      [&](loom::Communicator& c) {
+        if (c.rank() == 1) {
+          int x = 0;
+          try {
+            c.recv(&x, 1, DataType::Int32, 0, 3);
+            ADD_FAILURE() << "no timeout";
+          } catch (const loom::Error& e) {
+            EXPECT_EQ(e.code(), loom::ErrorCode::Timeout);
+            EXPECT_NE(std::string(e.what()).find("recv of 1 int32 from rank 0 (tag 3)"), std::string::npos) << e.what();
+            EXPECT_EQ(e.peer(), 0);
+          }
+          // The communicator is failed now: every later call reports the original cause.
+          try {
+            c.barrier();
+            ADD_FAILURE() << "no error after timeout";
+          } catch (const loom::Error& e) {
+            EXPECT_EQ(e.code(), loom::ErrorCode::Timeout);
+          }
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // alive, but silent
+        }
+      },
+      o);
   EXPECT_EQ(results[1].error, "");
 }

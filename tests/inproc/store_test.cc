@@ -165,21 +165,24 @@ TEST(Store, JobFormsAndRunsDespiteStrays) {
       }
     }
   });
-  auto results = loomtest::runRanks(4, [&](Communicator& c) {
-    if (c.rank() == 0) std::this_thread::sleep_for(1500ms);  // the others wait, under fire
-    for (int it = 0; it < 20; ++it) {
-      const int to = (c.rank() + 1) % 4, from = (c.rank() + 3) % 4;
-      std::vector<uint8_t> out(100000 + it), in(out.size());
-      for (size_t i = 0; i < out.size(); ++i) out[i] = loomtest::pattern(c.rank(), to, it, i);
-      auto r = c.irecv(in.data(), in.size(), DataType::Uint8, from);
-      c.send(out.data(), out.size(), DataType::Uint8, to);
-      r.wait();
-      for (size_t i = 0; i < in.size(); ++i)
-        if (in[i] != loomtest::pattern(from, c.rank(), it, i)) FAIL() << "corrupted byte " << i;
-      c.barrier();
-      std::this_thread::sleep_for(20ms);
-    }
-  }, {}, std::chrono::seconds(120), &id);
+  auto results = loomtest::runRanks(
+      4,
+      [&](Communicator& c) {
+        if (c.rank() == 0) std::this_thread::sleep_for(1500ms);  // the others wait, under fire
+        for (int it = 0; it < 20; ++it) {
+          const int to = (c.rank() + 1) % 4, from = (c.rank() + 3) % 4;
+          std::vector<uint8_t> out(100000 + it), in(out.size());
+          for (size_t i = 0; i < out.size(); ++i) out[i] = loomtest::pattern(c.rank(), to, it, i);
+          auto r = c.irecv(in.data(), in.size(), DataType::Uint8, from);
+          c.send(out.data(), out.size(), DataType::Uint8, to);
+          r.wait();
+          for (size_t i = 0; i < in.size(); ++i)
+            if (in[i] != loomtest::pattern(from, c.rank(), it, i)) FAIL() << "corrupted byte " << i;
+          c.barrier();
+          std::this_thread::sleep_for(20ms);
+        }
+      },
+      {}, std::chrono::seconds(120), &id);
   stop = true;
   stray.join();
   for (int r = 0; r < 4; ++r) EXPECT_EQ(results[r].error, "") << "rank " << r;

@@ -18,8 +18,13 @@ loom::LaunchInfo detect(const std::map<std::string, std::string>& vars) {
 }  // namespace
 
 TEST(LauncherEnv, Torchrun) {
-  auto i = detect({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                   {"MASTER_ADDR", "node01"}, {"MASTER_PORT", "29501"}, {"TORCHELASTIC_RUN_ID", "abc"}});
+  auto i = detect({{"RANK", "3"},
+                   {"WORLD_SIZE", "8"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "node01"},
+                   {"MASTER_PORT", "29501"},
+                   {"TORCHELASTIC_RUN_ID", "abc"}});
   EXPECT_EQ(i.launcher, "torchrun");
   EXPECT_EQ(i.rank, 3);
   EXPECT_EQ(i.size, 8);
@@ -31,10 +36,15 @@ TEST(LauncherEnv, Torchrun) {
 }
 
 TEST(LauncherEnv, SlurmWithCompressedHostList) {
-  auto i = detect({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                   {"SLURM_TASKS_PER_NODE", "2(x3),2"}, {"SLURM_NODEID", "2"},
-                   {"SLURM_STEP_NODELIST", "gpu[07-09,12]"}, {"SLURM_JOB_NODELIST", "gpu[01-20]"},
-                   {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}});
+  auto i = detect({{"SLURM_PROCID", "5"},
+                   {"SLURM_NTASKS", "8"},
+                   {"SLURM_LOCALID", "1"},
+                   {"SLURM_TASKS_PER_NODE", "2(x3),2"},
+                   {"SLURM_NODEID", "2"},
+                   {"SLURM_STEP_NODELIST", "gpu[07-09,12]"},
+                   {"SLURM_JOB_NODELIST", "gpu[01-20]"},
+                   {"SLURM_JOB_ID", "4242"},
+                   {"SLURM_STEP_ID", "0"}});
   EXPECT_EQ(i.launcher, "slurm");
   EXPECT_EQ(i.rank, 5);
   EXPECT_EQ(i.size, 8);
@@ -44,24 +54,35 @@ TEST(LauncherEnv, SlurmWithCompressedHostList) {
   EXPECT_GE(i.masterPort, 20000);
   EXPECT_LT(i.masterPort, 40000);
   // Every rank of the job derives the same port and key.
-  auto j = detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_NODELIST", "gpu[07-09,12]"},
-                   {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}});
+  auto j = detect({{"SLURM_PROCID", "0"},
+                   {"SLURM_NTASKS", "8"},
+                   {"SLURM_STEP_NODELIST", "gpu[07-09,12]"},
+                   {"SLURM_JOB_ID", "4242"},
+                   {"SLURM_STEP_ID", "0"}});
   EXPECT_EQ(i.masterPort, j.masterPort);
   EXPECT_EQ(i.jobKeySeed, j.jobKeySeed);
 }
 
 TEST(LauncherEnv, SlurmNtasksPerNodeAndJobNodelistFallback) {
-  auto i = detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"},
-                   {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_JOB_NODELIST", "node[01-04,07]"}, {"SLURM_JOB_ID", "1"}});
+  auto i = detect({{"SLURM_PROCID", "0"},
+                   {"SLURM_NTASKS", "4"},
+                   {"SLURM_LOCALID", "0"},
+                   {"SLURM_NTASKS_PER_NODE", "4"},
+                   {"SLURM_JOB_NODELIST", "node[01-04,07]"},
+                   {"SLURM_JOB_ID", "1"}});
   EXPECT_EQ(i.localSize, 4);
   EXPECT_EQ(i.masterAddr, "node01");
 }
 
 TEST(LauncherEnv, OpenMpiInsideSlurmAllocationWins) {
   // mpirun inside an sbatch job: every rank inherits the batch step's SLURM_PROCID=0.
-  auto i = detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
-                   {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+  auto i = detect({{"SLURM_PROCID", "0"},
+                   {"SLURM_NTASKS", "1"},
+                   {"SLURM_JOB_NODELIST", "n[1-2]"},
+                   {"OMPI_COMM_WORLD_RANK", "2"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
                    {"PMIX_NAMESPACE", "prterun-host-123@1"}});
   EXPECT_EQ(i.launcher, "openmpi");
   EXPECT_EQ(i.rank, 2);
@@ -72,17 +93,26 @@ TEST(LauncherEnv, OpenMpiInsideSlurmAllocationWins) {
 }
 
 TEST(LauncherEnv, OpenMpiAcrossNodesNeedsMasterAddr) {
-  EXPECT_THROW(detect({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                       {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+  EXPECT_THROW(detect({{"OMPI_COMM_WORLD_RANK", "0"},
+                       {"OMPI_COMM_WORLD_SIZE", "4"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
                loom::Error);
-  auto i = detect({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
-                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "head"}, {"MASTER_PORT", "1234"}});
+  auto i = detect({{"OMPI_COMM_WORLD_RANK", "0"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                   {"MASTER_ADDR", "head"},
+                   {"MASTER_PORT", "1234"}});
   EXPECT_EQ(i.masterAddr, "head");
   EXPECT_EQ(i.masterPort, 1234);
 }
 
 TEST(LauncherEnv, MpichHydra) {
-  auto i = detect({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"},
+  auto i = detect({{"PMI_RANK", "1"},
+                   {"PMI_SIZE", "2"},
+                   {"MPI_LOCALRANKID", "1"},
+                   {"MPI_LOCALNRANKS", "2"},
                    {"MASTER_PORT", "5000"}});
   EXPECT_EQ(i.launcher, "hydra");
   EXPECT_EQ(i.rank, 1);
@@ -91,9 +121,17 @@ TEST(LauncherEnv, MpichHydra) {
 }
 
 TEST(LauncherEnv, ExplicitValuesBeatDetectedOnes) {
-  auto i = detect({{"LOOM_RANK", "1"}, {"LOOM_WORLD_SIZE", "2"}, {"RANK", "7"}, {"WORLD_SIZE", "9"},
-                   {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"LOOM_MASTER_ADDR", "a"}, {"MASTER_ADDR", "b"},
-                   {"LOOM_MASTER_PORT", "1111"}, {"MASTER_PORT", "2222"}, {"LOOM_JOB_KEY", "s3cret"}});
+  auto i = detect({{"LOOM_RANK", "1"},
+                   {"LOOM_WORLD_SIZE", "2"},
+                   {"RANK", "7"},
+                   {"WORLD_SIZE", "9"},
+                   {"SLURM_PROCID", "3"},
+                   {"SLURM_NTASKS", "4"},
+                   {"LOOM_MASTER_ADDR", "a"},
+                   {"MASTER_ADDR", "b"},
+                   {"LOOM_MASTER_PORT", "1111"},
+                   {"MASTER_PORT", "2222"},
+                   {"LOOM_JOB_KEY", "s3cret"}});
   EXPECT_EQ(i.rank, 1);
   EXPECT_EQ(i.size, 2);
   EXPECT_EQ(i.masterAddr, "a");
@@ -102,7 +140,8 @@ TEST(LauncherEnv, ExplicitValuesBeatDetectedOnes) {
 }
 
 TEST(LauncherEnv, LoomrunIsNamed) {
-  auto i = detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOOMRUN_JOB", "1"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "9"}});
+  auto i =
+      detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOOMRUN_JOB", "1"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "9"}});
   EXPECT_EQ(i.launcher, "loomrun");
 }
 
@@ -119,8 +158,9 @@ TEST(LauncherEnv, MistakesAreNamed) {
   EXPECT_NE(message({{"RANK", "0"}}).find("WORLD_SIZE"), std::string::npos);
   EXPECT_NE(message({{"RANK", "x"}, {"WORLD_SIZE", "2"}}).find("RANK=\"x\""), std::string::npos);
   EXPECT_NE(message({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("RANK=\"2\""), std::string::npos);
-  EXPECT_NE(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "0"}}).find("MASTER_PORT=0"),
-            std::string::npos);
+  EXPECT_NE(
+      message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "0"}}).find("MASTER_PORT=0"),
+      std::string::npos);
   EXPECT_NE(message({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NODELIST", "n[1-"}}).find("malformed"),
             std::string::npos);
 }

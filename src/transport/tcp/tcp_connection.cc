@@ -93,7 +93,8 @@ Status TcpConnection::truncation(size_t message, const RecvOp& op) const {
 
 Status TcpConnection::malformed(const std::string& why) const {
   return Status::error(ErrorCode::Remote,
-                       strFormat("malformed data from rank %d (%s): closing the connection", peer_, why.c_str()), peer_);
+                       strFormat("malformed data from rank %d (%s): closing the connection", peer_, why.c_str()),
+                       peer_);
 }
 
 void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept {
@@ -243,10 +244,9 @@ Status TcpConnection::flushLocked(Stream& s) {
         }
         return Status::success();
       }
-      return Status::error(ErrorCode::Remote,
-                           strFormat("sending to rank %d failed: %s (did it exit or crash?)", peer_,
-                                     errnoText(errno).c_str()),
-                           peer_);
+      return Status::error(
+          ErrorCode::Remote,
+          strFormat("sending to rank %d failed: %s (did it exit or crash?)", peer_, errnoText(errno).c_str()), peer_);
     }
     size_t left = static_cast<size_t>(w);
     while (left > 0 && !s.out.empty()) {
@@ -275,9 +275,9 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
     case FrameType::Eager:
     case FrameType::Rts: {
       if (!control) return malformed("message header on a data stream");
-      if (h.seq != nextRecvSeq_) return malformed(strFormat("message sequence %llu, expected %llu",
-                                                            static_cast<unsigned long long>(h.seq),
-                                                            static_cast<unsigned long long>(nextRecvSeq_)));
+      if (h.seq != nextRecvSeq_)
+        return malformed(strFormat("message sequence %llu, expected %llu", static_cast<unsigned long long>(h.seq),
+                                   static_cast<unsigned long long>(nextRecvSeq_)));
       ++nextRecvSeq_;
       const bool eager = h.type == static_cast<uint8_t>(FrameType::Eager);
       if (eager && h.a > kMaxEagerBytes) return malformed("eager message larger than the protocol allows");
@@ -327,11 +327,11 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       std::shared_ptr<SendOp> op = it->second;
       awaitingCts_.erase(it);
       if ((h.flags & 1) == 0) {
-        op->req->fail(Status::error(
-            ErrorCode::InvalidUsage,
-            strFormat("rank %d's matching receive (tag %u) is smaller than this message of %zu bytes", peer_, op->tag,
-                      op->bytes),
-            peer_));
+        op->req->fail(
+            Status::error(ErrorCode::InvalidUsage,
+                          strFormat("rank %d's matching receive (tag %u) is smaller than this message of %zu bytes",
+                                    peer_, op->tag, op->bytes),
+                          peer_));
         return Status::success();
       }
       if (op->bytes == 0) {
@@ -468,10 +468,9 @@ Status TcpConnection::readLocked(Stream& s) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::success();
-    return Status::error(ErrorCode::Remote,
-                         strFormat("receiving from rank %d failed: %s (did it exit or crash?)", peer_,
-                                   errnoText(errno).c_str()),
-                         peer_);
+    return Status::error(
+        ErrorCode::Remote,
+        strFormat("receiving from rank %d failed: %s (did it exit or crash?)", peer_, errnoText(errno).c_str()), peer_);
   }
   return Status::success();
 }

@@ -28,7 +28,7 @@ namespace loom {
 namespace tcp {
 
 struct TcpOptions {
-  size_t eagerBytes = 64 * 1024;   ///< largest message sent without RTS/CTS
+  size_t eagerBytes = 64 * 1024;       ///< largest message sent without RTS/CTS
   size_t stripeMinBytes = 256 * 1024;  ///< a slice per stream is at least this big
 };
 

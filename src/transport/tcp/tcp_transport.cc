@@ -142,9 +142,9 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
     auto ep = ctx.store->get("tcp/" + std::to_string(peer), ctx.deadline);
     SockAddr addr;
     if (!ep || ep->size() < SockAddr::kWireBytes || !SockAddr::fromWire(ep->data(), &addr)) {
-      LOOM_THROW_PEER(ErrorCode::Timeout, ctx.rank, peer,
-                      strFormat("rank %d did not publish its TCP address within %.0f s", peer,
-                                ctx.deadline.totalSeconds()));
+      LOOM_THROW_PEER(
+          ErrorCode::Timeout, ctx.rank, peer,
+          strFormat("rank %d did not publish its TCP address within %.0f s", peer, ctx.deadline.totalSeconds()));
     }
     remoteAddr[peer] = addr;
     remoteIf[peer] = std::string(ep->begin() + SockAddr::kWireBytes, ep->end());
@@ -180,13 +180,13 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
         std::string& list = peer > ctx.rank ? out : in;
         list += (list.empty() ? "" : ", ") + std::to_string(peer);
       }
-      LOOM_THROW(ErrorCode::Timeout, ctx.rank,
-                 strFormat("TCP links not formed within %.0f s: %s%s%s%s%s%s (a firewall between nodes, or the wrong "
-                           "interface? see LOOM_SOCKET_IFNAME)",
-                           ctx.deadline.totalSeconds(), out.empty() ? "" : "could not connect to rank(s) ",
-                           out.c_str(), (!out.empty() && !in.empty()) ? "; " : "",
-                           in.empty() ? "" : "no connection arrived from rank(s) ", in.c_str(),
-                           lastError.empty() ? "" : (" — last error: " + lastError).c_str()));
+      LOOM_THROW(
+          ErrorCode::Timeout, ctx.rank,
+          strFormat("TCP links not formed within %.0f s: %s%s%s%s%s%s (a firewall between nodes, or the wrong "
+                    "interface? see LOOM_SOCKET_IFNAME)",
+                    ctx.deadline.totalSeconds(), out.empty() ? "" : "could not connect to rank(s) ", out.c_str(),
+                    (!out.empty() && !in.empty()) ? "; " : "", in.empty() ? "" : "no connection arrived from rank(s) ",
+                    in.c_str(), lastError.empty() ? "" : (" — last error: " + lastError).c_str()));
     }
     // Start connects that are due.
     const auto now = Clock::now();
@@ -259,7 +259,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
         continue;
       }
       // Read what the current state still needs.
-      size_t need = p.state == Pending::ReadHello ? kAcceptorHello
+      size_t need = p.state == Pending::ReadHello   ? kAcceptorHello
                     : p.state == Pending::ReadProof ? kProof
                                                     : kConnectorHello;
       uint8_t tmp[kConnectorHello];
@@ -276,8 +276,9 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
         if (p.state == Pending::ReadClientHello) {
           drop("it does not speak Loom's protocol (a stray client or port scanner?)", true);
         } else {
-          LOOM_THROW_PEER(ErrorCode::Remote, ctx.rank, p.peer,
-                          strFormat("%s, published as rank %d's address, is not a Loom peer", p.remote.c_str(), p.peer));
+          LOOM_THROW_PEER(
+              ErrorCode::Remote, ctx.rank, p.peer,
+              strFormat("%s, published as rank %d's address, is not a Loom peer", p.remote.c_str(), p.peer));
         }
         continue;
       }
@@ -332,8 +333,9 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
         continue;
       }
       const int from = static_cast<int>(ids.from);
-      if (ids.to != static_cast<uint32_t>(ctx.rank) || inboundPeers.count(from) == 0 || ids.count != static_cast<uint32_t>(S) ||
-          ids.index >= static_cast<uint32_t>(S) || done[from][ids.index].valid()) {
+      if (ids.to != static_cast<uint32_t>(ctx.rank) || inboundPeers.count(from) == 0 ||
+          ids.count != static_cast<uint32_t>(S) || ids.index >= static_cast<uint32_t>(S) ||
+          done[from][ids.index].valid()) {
         drop(strFormat("unexpected link (from %u to %u, socket %u of %u)", ids.from, ids.to, ids.index, ids.count),
              true);
         continue;
@@ -368,11 +370,11 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   std::vector<std::unique_ptr<Connection>> out;
   const SockAddr self = localAddress(listener_.fd());
   for (int peer : peers) {
-    std::string desc = strFormat("rank %d <-> rank %d: tcp, %d socket%s, via %s %s", ctx.rank, peer, S, S == 1 ? "" : "s",
-                                 iface_.name.c_str(), self.host().c_str());
+    std::string desc = strFormat("rank %d <-> rank %d: tcp, %d socket%s, via %s %s", ctx.rank, peer, S,
+                                 S == 1 ? "" : "s", iface_.name.c_str(), self.host().c_str());
     if (auto it = remoteAddr.find(peer); it != remoteAddr.end()) desc += " -> " + it->second.toString();
-    auto conn = std::make_unique<TcpConnection>(ctx.rank, peer, std::move(done[peer]), ctx.engine, ctx.failure,
-                                                options, desc);
+    auto conn =
+        std::make_unique<TcpConnection>(ctx.rank, peer, std::move(done[peer]), ctx.engine, ctx.failure, options, desc);
     conn->start();
     out.push_back(std::move(conn));
   }

@@ -1,0 +1,227 @@
+// Ranks as real processes: loomrun (the example, failure propagation, Ctrl-C), each launcher's
+// environment (torchrun, Slurm with a compressed host list, Open MPI inside a Slurm allocation,
+// MPICH Hydra), IPv6, and the real mpirun where Open MPI is installed. Every child has a deadline.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+std::string path(const char* var) {
+  const char* v = std::getenv(var);
+  return v != nullptr ? v : "";
+}
+
+struct Proc {
+  pid_t pid;
+  std::string outFile;
+};
+
+// Starts argv with extra environment; output goes to a temporary file.
+Proc start(const std::vector<std::string>& argv, const Env& env) {
+  char tmpl[] = "/tmp/loom-mp-XXXXXX";
+  int fd = mkstemp(tmpl);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (const char* v :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+          "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "LOOM_JOB_KEY"})
+      unsetenv(v);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(fd);
+  return Proc{pid, tmpl};
+}
+
+// Waits at most `limit` seconds; kills the process on expiry. Returns the exit code (128+sig).
+int finish(const Proc& p, int limit, std::string* output) {
+  int status = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit);
+  for (;;) {
+    pid_t r = waitpid(p.pid, &status, WNOHANG);
+    if (r == p.pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(p.pid, SIGKILL);
+      waitpid(p.pid, &status, 0);
+      ADD_FAILURE() << "process did not finish within " << limit << " s";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (output != nullptr) {
+    output->clear();
+    if (FILE* f = std::fopen(p.outFile.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) output->append(buf, n);
+      std::fclose(f);
+    }
+  }
+  unlink(p.outFile.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int freePort() {
+  static int next = 20000 + (getpid() % 5000) * 4;
+  return next++;
+}
+
+// Runs n workers with per-rank environments; every one must succeed.
+void runWorkers(int n, const std::function<Env(int)>& envOf) {
+  std::vector<Proc> procs;
+  for (int r = 0; r < n; ++r) {
+    Env e = envOf(r);
+    e["EXPECT_RANK"] = std::to_string(r);
+    e["EXPECT_SIZE"] = std::to_string(n);
+    e["LOOM_INIT_TIMEOUT"] = "30";
+    e["LOOM_TIMEOUT"] = "30";
+    procs.push_back(start({path("LOOM_TEST_WORKER"), "exchange"}, e));
+  }
+  for (int r = 0; r < n; ++r) {
+    std::string out;
+    EXPECT_EQ(finish(procs[r], 60, &out), 0) << "rank " << r << ":\n" << out;
+    EXPECT_NE(out.find("ok"), std::string::npos) << out;
+  }
+}
+
+}  // namespace
+
+TEST(Loomrun, RunsTheExample) {
+  std::string out;
+  int rc = finish(start({path("LOOMRUN"), "-n", "4", path("LOOM_EXAMPLE")}, {}), 60, &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("[1] rank 1 received tensor [1, 1, 1, 1, 1, 1, 1, 1, 1, 1] from rank 0"), std::string::npos)
+      << out;
+}
+
+TEST(Loomrun, StopsTheOthersAndReturnsTheFirstFailure) {
+  std::string out;
+  auto t0 = std::chrono::steady_clock::now();
+  int rc = finish(
+      start({path("LOOMRUN"), "-n", "3", "--grace", "2", path("LOOM_TEST_WORKER"), "fail"}, {{"FAIL_RANK", "1"}}), 30,
+      &out);
+  EXPECT_EQ(rc, 7) << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  EXPECT_NE(out.find("rank 1 exited with status 7"), std::string::npos) << out;
+}
+
+TEST(Loomrun, CtrlCStopsEveryRank) {
+  Proc p = start({path("LOOMRUN"), "-n", "2", path("LOOM_TEST_WORKER"), "sleep"}, {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  kill(p.pid, SIGINT);
+  std::string out;
+  EXPECT_EQ(finish(p, 20, &out), 130) << out;
+  EXPECT_NE(out.find("interrupted"), std::string::npos) << out;
+}
+
+TEST(Loomrun, ManyRanksAndPrefixes) {
+  std::string out;
+  EXPECT_EQ(finish(start({path("LOOMRUN"), "-n", "8", path("LOOM_TEST_WORKER"), "exchange"}, {}), 90, &out), 0) << out;
+  for (int r = 0; r < 8; ++r)
+    EXPECT_NE(out.find("[" + std::to_string(r) + "] rank " + std::to_string(r) + " of 8 ok"), std::string::npos) << out;
+}
+
+TEST(LauncherEnv, TorchrunVariables) {
+  const std::string port = std::to_string(freePort());
+  runWorkers(3, [&](int r) {
+    return Env{{"RANK", std::to_string(r)},    {"WORLD_SIZE", "3"},          {"LOCAL_RANK", std::to_string(r)},
+               {"LOCAL_WORLD_SIZE", "3"},      {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+               {"TORCHELASTIC_RUN_ID", "test"}};
+  });
+}
+
+TEST(LauncherEnv, SlurmVariablesWithCompressedHostList) {
+  const std::string job = std::to_string(100000 + getpid());
+  runWorkers(4, [&](int r) {
+    return Env{{"SLURM_PROCID", std::to_string(r)},
+               {"SLURM_NTASKS", "4"},
+               {"SLURM_LOCALID", std::to_string(r)},
+               {"SLURM_TASKS_PER_NODE", "4"},
+               {"SLURM_NODEID", "0"},
+               {"SLURM_STEP_NODELIST", "127.0.0.[1-4]"},
+               {"SLURM_JOB_ID", job},
+               {"SLURM_STEP_ID", "0"}};
+  });
+}
+
+TEST(LauncherEnv, OpenMpiInsideASlurmAllocation) {
+  const std::string ns = "prterun-test-" + std::to_string(getpid()) + "@1";
+  runWorkers(3, [&](int r) {
+    return Env{{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+               {"OMPI_COMM_WORLD_SIZE", "3"},
+               {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)},
+               {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+               {"PMIX_NAMESPACE", ns},
+               {"SLURM_PROCID", "0"},
+               {"SLURM_NTASKS", "1"},
+               {"SLURM_JOB_ID", "5"}};
+  });
+}
+
+TEST(LauncherEnv, MpichHydraVariables) {
+  const std::string port = std::to_string(freePort());
+  runWorkers(2, [&](int r) {
+    return Env{{"PMI_RANK", std::to_string(r)},
+               {"PMI_SIZE", "2"},
+               {"MPI_LOCALRANKID", std::to_string(r)},
+               {"MPI_LOCALNRANKS", "2"},
+               {"MASTER_PORT", port}};
+  });
+}
+
+TEST(LauncherEnv, Ipv6Loopback) {
+  const std::string port = std::to_string(freePort());
+  runWorkers(3, [&](int r) {
+    return Env{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "3"},           {"MASTER_ADDR", "::1"},
+               {"MASTER_PORT", port},       {"LOOM_SOCKET_IFNAME", "=lo"}, {"LOOM_SOCKET_FAMILY", "AF_INET6"}};
+  });
+}
+
+TEST(LauncherEnv, MissingRankIsNamedAtTheDeadline) {
+  const std::string port = std::to_string(freePort());
+  std::vector<Proc> procs;
+  for (int r = 0; r < 2; ++r) {  // rank 2 of 3 never starts
+    procs.push_back(start({path("LOOM_TEST_WORKER"), "exchange"}, {{"RANK", std::to_string(r)},
+                                                                   {"WORLD_SIZE", "3"},
+                                                                   {"MASTER_ADDR", "127.0.0.1"},
+                                                                   {"MASTER_PORT", port},
+                                                                   {"LOOM_INIT_TIMEOUT", "2"}}));
+  }
+  for (auto& p : procs) {
+    std::string out;
+    EXPECT_EQ(finish(p, 30, &out), 1) << out;
+    EXPECT_NE(out.find("missing rank(s) 2"), std::string::npos) << out;
+  }
+}
+
+TEST(RealLaunchers, OpenMpiMpirun) {
+  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "Open MPI's mpirun is not installed (apt-get install openmpi-bin)";
+  }
+  std::string out;
+  int rc = finish(
+      start({"mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", path("LOOM_EXAMPLE")},
+            {{"OMPI_MCA_mpi_yield_when_idle", "1"}}),
+      120, &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("rank 1 received tensor [1, 1, 1, 1, 1, 1, 1, 1, 1, 1] from rank 0"), std::string::npos) << out;
+}

@@ -1,0 +1,66 @@
+// loom-info: what Loom sees on this host.
+//   loom-info          version, build features, network interfaces, transports
+//   loom-info --env    the launch detected from the environment (and where each value came
+//                      from), and every LOOM_* tunable with its current value
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "bootstrap/launcher_env.hpp"
+#include "core/param.hpp"
+#include "loom/loom.h"
+#include "loom_config.h"
+#include "transport/interfaces.hpp"
+#include "transport/registry.hpp"
+
+namespace {
+
+void printEnv() {
+  std::printf("Launch detected from the environment:\n");
+  try {
+    loom::LaunchInfo info = loom::detectLaunch(loom::processEnv());
+    std::printf("  launcher           %s\n", info.launcher.c_str());
+    for (const auto& [field, value] : info.provenance) std::printf("  %-18s %s\n", field.c_str(), value.c_str());
+  } catch (const loom::Error& e) {
+    std::printf("  none: %s\n", e.message().c_str());
+  }
+  std::printf("\nTunables (environment variable, current value, default, meaning):\n");
+  for (const auto& p : loom::allParams()) {
+    const char* v = std::getenv(p.env);
+    std::printf("  %-28s %-12s default %-8s %s\n", p.env, v != nullptr ? v : "(unset)",
+                p.defaultText.empty() ? "\"\"" : p.defaultText.c_str(), p.help);
+  }
+}
+
+void printInfo() {
+  std::printf("Loom %s\n", LOOM_VERSION_STRING);
+  std::printf("Build features: CUDA %s, InfiniBand verbs %s, hwloc %s\n", LOOM_HAVE_CUDA ? "toolkit found" : "no",
+              LOOM_HAVE_IBVERBS ? "library found" : "no", LOOM_HAVE_HWLOC ? "library found" : "no");
+  std::printf("Transports compiled in, in preference order:");
+  for (const auto& t : loom::allTransports()) std::printf(" %s", t.name);
+  std::printf("\nInterfaces for TCP (LOOM_SOCKET_IFNAME / LOOM_SOCKET_FAMILY):\n");
+  try {
+    for (const auto& i : loom::selectedInterfaces()) std::printf("  %-10s %s\n", i.name.c_str(), i.addr.host().c_str());
+  } catch (const loom::Error& e) {
+    std::printf("  none: %s\n", e.message().c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    std::printf("usage: loom-info [--env]\n");
+    return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--env") == 0) {
+    printEnv();
+    return 0;
+  }
+  if (argc > 1) {
+    std::fprintf(stderr, "loom-info: unknown argument %s (try --help)\n", argv[1]);
+    return 2;
+  }
+  printInfo();
+  return 0;
+}
