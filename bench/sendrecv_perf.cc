@@ -265,6 +265,16 @@ int main(int argc, char** argv) {
                     firstTime);
       }
     }
+    // Barrier latency: the median of 5 batches of 200 barriers.
+    std::vector<double> batches;
+    for (int b = 0; b < 5; ++b) {
+      c.barrier();
+      auto t0 = Clock::now();
+      for (int i = 0; i < 200; ++i) c.barrier();
+      batches.push_back(maxOnRoot(c, std::chrono::duration<double>(Clock::now() - t0).count() / 200));
+    }
+    std::sort(batches.begin(), batches.end());
+    if (me == 0) std::printf("#   barrier latency (%d ranks)        : %8.2f us\n", n, batches[2] * 1e6);
     c.barrier();
     return wrongTotal == 0 ? 0 : 1;
   } catch (const loom::Error& e) {
