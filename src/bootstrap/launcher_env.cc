@@ -52,11 +52,12 @@ long long parseInt(const EnvLookup& env, const char* name, long long lo, long lo
 
 std::string from(long long value, const char* var) { return strFormat("%lld from %s", value, var); }
 
-// A port in [20000, 40000) derived from a job identity, the same on every rank of the job.
+// A port in [20000, 32000) derived from a job identity, the same on every rank of the job. The
+// range stays below Linux's ephemeral ports (32768 and up), which outgoing connections take.
 int portFromIdentity(const std::string& identity) {
   uint32_t h = 2166136261u;  // FNV-1a
   for (unsigned char c : identity) h = (h ^ c) * 16777619u;
-  return 20000 + static_cast<int>(h % 20000u);
+  return 20000 + static_cast<int>(h % 12000u);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // Ranks as real processes: loomrun (the example, failure propagation, Ctrl-C), each launcher's
 // environment (torchrun, Slurm with a compressed host list, Open MPI inside a Slurm allocation,
 // MPICH Hydra), IPv6, and the real mpirun where Open MPI is installed. Every child has a deadline.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -80,9 +83,16 @@ int finish(const Proc& p, int limit, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// A port nobody listens on now (the kernel picks it; released before use).
 int freePort() {
-  static int next = 20000 + (getpid() % 5000) * 4;
-  return next++;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  socklen_t len = sizeof(a);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
 }
 
 // Runs n workers with per-rank environments; every one must succeed.

@@ -52,7 +52,7 @@ TEST(LauncherEnv, SlurmWithCompressedHostList) {
   EXPECT_EQ(i.localSize, 2);
   EXPECT_EQ(i.masterAddr, "gpu07");  // the step's first node, not the job's
   EXPECT_GE(i.masterPort, 20000);
-  EXPECT_LT(i.masterPort, 40000);
+  EXPECT_LT(i.masterPort, 32000);  // below the ephemeral range
   // Every rank of the job derives the same port and key.
   auto j = detect({{"SLURM_PROCID", "0"},
                    {"SLURM_NTASKS", "8"},
