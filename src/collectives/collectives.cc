@@ -1,12 +1,15 @@
-// Entry points of the data collectives. Argument checking is final; the ring, tree and
-// recursive-doubling algorithms and the reduction kernels they call arrive with the collectives
-// work (issue 3). Until then each call reports, with ErrorCode::InvalidUsage, that the algorithm
-// is not in this build, after validating its arguments as the final version will.
-#include "core/comm_impl.hpp"
+// Entry points of the collectives: argument checks, algorithm choice, and ordered execution on
+// the communicator's op queue (inline when the queue is idle and the call is blocking).
+#include "collectives/context.hpp"
+#include "collectives/select.hpp"
 #include "core/format.hpp"
 
 namespace loom {
 namespace {
+
+using coll::Algo;
+using coll::Args;
+using coll::Coll;
 
 void checkOp(ReduceOp op, int rank) {
   int o = static_cast<int>(op);
@@ -15,91 +18,173 @@ void checkOp(ReduceOp op, int rank) {
   }
 }
 
-[[noreturn]] void unavailable(const detail::CommImpl& c, const char* what) {
-  LOOM_THROW(ErrorCode::InvalidUsage, c.rank(),
-             strFormat("%s is not available in this build of Loom yet (send/recv and barrier are); its algorithms "
-                       "arrive with the collectives release",
-                       what));
-}
-
 detail::CommImpl& implOf(const Communicator& c) {
   if (c.impl() == nullptr) LOOM_THROW(ErrorCode::InvalidUsage, -1, "the communicator was moved from");
   return *c.impl();
 }
 
-}  // namespace
+size_t timesSize(const detail::CommImpl& c, size_t count, const char* what) {
+  if (count > SIZE_MAX / static_cast<size_t>(c.size())) {
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+               strFormat("%s: count %zu times %d ranks overflows", what, count, c.size()));
+  }
+  return count * static_cast<size_t>(c.size());
+}
 
-Work Communicator::iallReduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op) {
-  auto& c = implOf(*this);
+// Buffers must be the same (in place) or not overlap at all.
+void checkOverlap(const detail::CommImpl& c, const void* a, size_t aBytes, const void* b, size_t bBytes,
+                  const void* inPlaceAt, const char* what) {
+  if (a == nullptr || b == nullptr || aBytes == 0 || bBytes == 0) return;
+  if (a == inPlaceAt) return;
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  if (x < y + bBytes && y < x + aBytes) {
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+               strFormat("%s: send and receive buffers overlap without being in place (pass the same pointer for "
+                         "an in-place operation)",
+                         what));
+  }
+}
+
+// Runs one collective: asynchronously (returns its Work) or blocking.
+Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
+  const size_t bytes = (kind == Coll::AllGather || kind == Coll::ReduceScatter || kind == Coll::AllToAll)
+                           ? a.count * a.elem * static_cast<size_t>(c.size())
+                           : a.count * a.elem;
+  const Algo algo = coll::selectAlgo(kind, bytes, c.size(), coll::costModelFromEnv(), coll::algoOverrideFromEnv());
+  auto body = [&c, kind, a, algo](int64_t seq) {
+    coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo));
+    switch (kind) {
+      case Coll::AllReduce:
+        return algo == Algo::RecursiveDoubling ? coll::allReduceRecursiveDoubling(ctx, a) : coll::allReduceRing(ctx, a);
+      case Coll::Broadcast:
+        return algo == Algo::Binomial ? coll::broadcastBinomial(ctx, a) : coll::broadcastChain(ctx, a);
+      case Coll::Reduce:
+        return algo == Algo::Binomial ? coll::reduceBinomial(ctx, a) : coll::reduceRing(ctx, a);
+      case Coll::AllGather:
+        return coll::allGatherRing(ctx, a);
+      case Coll::ReduceScatter:
+        return coll::reduceScatterRing(ctx, a);
+      case Coll::AllToAll:
+        return coll::allToAllPairwise(ctx, a);
+    }
+  };
+  if (async) return Work(c.submit(coll::collName(kind), body));
+  c.run(coll::collName(kind), body);
+  return Work();
+}
+
+Args makeArgs(const void* send, void* recv, size_t count, DataType type, ReduceOp op, int root) {
+  Args a;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.type = type;
+  a.op = op;
+  a.root = root;
+  a.elem = sizeOf(type);
+  return a;
+}
+
+Work allReduceImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, bool async) {
+  auto& c = implOf(comm);
   c.checkOk();
-  c.checkBuffer(sendbuf, count, type, "all-reduce");
-  c.checkBuffer(recvbuf, count, type, "all-reduce");
+  size_t b = c.checkBuffer(s, n, t, "all-reduce");
+  c.checkBuffer(r, n, t, "all-reduce");
   checkOp(op, c.rank());
-  unavailable(c, "all-reduce");
-}
-void Communicator::allReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
-  iallReduce(s, r, n, t, op).wait();
+  checkOverlap(c, s, b, r, b, r, "all-reduce");
+  return launch(c, Coll::AllReduce, makeArgs(s, r, n, t, op, 0), async);
 }
 
-Work Communicator::ibroadcast(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root) {
-  auto& c = implOf(*this);
+Work broadcastImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, int root, bool async) {
+  auto& c = implOf(comm);
   c.checkOk();
   c.checkPeer(root, "broadcast root");
-  if (c.rank() == root) c.checkBuffer(sendbuf, count, type, "broadcast");
-  c.checkBuffer(recvbuf, count, type, "broadcast");
-  unavailable(c, "broadcast");
-}
-void Communicator::broadcast(const void* s, void* r, size_t n, DataType t, int root) {
-  ibroadcast(s, r, n, t, root).wait();
+  size_t b = c.checkBuffer(r, n, t, "broadcast");
+  if (c.rank() == root) {
+    c.checkBuffer(s, n, t, "broadcast");
+    checkOverlap(c, s, b, r, b, r, "broadcast");
+  }
+  return launch(c, Coll::Broadcast, makeArgs(s, r, n, t, ReduceOp::Sum, root), async);
 }
 
-Work Communicator::ireduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op, int root) {
-  auto& c = implOf(*this);
+Work reduceImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, int root,
+                bool async) {
+  auto& c = implOf(comm);
   c.checkOk();
   c.checkPeer(root, "reduce root");
-  c.checkBuffer(sendbuf, count, type, "reduce");
-  if (c.rank() == root) c.checkBuffer(recvbuf, count, type, "reduce");
+  size_t b = c.checkBuffer(s, n, t, "reduce");
   checkOp(op, c.rank());
-  unavailable(c, "reduce");
+  if (c.rank() == root) {
+    c.checkBuffer(r, n, t, "reduce");
+    checkOverlap(c, s, b, r, b, r, "reduce");
+  }
+  return launch(c, Coll::Reduce, makeArgs(s, r, n, t, op, root), async);
+}
+
+Work allGatherImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, bool async) {
+  auto& c = implOf(comm);
+  c.checkOk();
+  size_t b = c.checkBuffer(s, n, t, "all-gather");
+  size_t total = c.checkBuffer(r, timesSize(c, n, "all-gather"), t, "all-gather");
+  const void* inPlace = static_cast<const uint8_t*>(r) + static_cast<size_t>(c.rank()) * b;
+  checkOverlap(c, s, b, r, total, inPlace, "all-gather");
+  return launch(c, Coll::AllGather, makeArgs(s, r, n, t, ReduceOp::Sum, 0), async);
+}
+
+Work reduceScatterImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op,
+                       bool async) {
+  auto& c = implOf(comm);
+  c.checkOk();
+  size_t total = c.checkBuffer(s, timesSize(c, n, "reduce-scatter"), t, "reduce-scatter");
+  size_t b = c.checkBuffer(r, n, t, "reduce-scatter");
+  checkOp(op, c.rank());
+  const void* inPlace = static_cast<const uint8_t*>(s) + static_cast<size_t>(c.rank()) * b;
+  checkOverlap(c, r, b, s, total, inPlace, "reduce-scatter");
+  return launch(c, Coll::ReduceScatter, makeArgs(s, r, n, t, op, 0), async);
+}
+
+Work allToAllImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, bool async) {
+  auto& c = implOf(comm);
+  c.checkOk();
+  size_t total = c.checkBuffer(s, timesSize(c, n, "all-to-all"), t, "all-to-all");
+  c.checkBuffer(r, timesSize(c, n, "all-to-all"), t, "all-to-all");
+  checkOverlap(c, s, total, r, total, r, "all-to-all");
+  return launch(c, Coll::AllToAll, makeArgs(s, r, n, t, ReduceOp::Sum, 0), async);
+}
+
+}  // namespace
+
+Work Communicator::iallReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
+  return allReduceImpl(*this, s, r, n, t, op, true);
+}
+void Communicator::allReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
+  allReduceImpl(*this, s, r, n, t, op, false);
+}
+Work Communicator::ibroadcast(const void* s, void* r, size_t n, DataType t, int root) {
+  return broadcastImpl(*this, s, r, n, t, root, true);
+}
+void Communicator::broadcast(const void* s, void* r, size_t n, DataType t, int root) {
+  broadcastImpl(*this, s, r, n, t, root, false);
+}
+Work Communicator::ireduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, int root) {
+  return reduceImpl(*this, s, r, n, t, op, root, true);
 }
 void Communicator::reduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, int root) {
-  ireduce(s, r, n, t, op, root).wait();
+  reduceImpl(*this, s, r, n, t, op, root, false);
 }
-
-Work Communicator::iallGather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType type) {
-  auto& c = implOf(*this);
-  c.checkOk();
-  c.checkBuffer(sendbuf, sendcount, type, "all-gather");
-  if (sendcount > SIZE_MAX / static_cast<size_t>(c.size()))
-    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "all-gather: count overflows");
-  c.checkBuffer(recvbuf, sendcount * static_cast<size_t>(c.size()), type, "all-gather");
-  unavailable(c, "all-gather");
+Work Communicator::iallGather(const void* s, void* r, size_t n, DataType t) {
+  return allGatherImpl(*this, s, r, n, t, true);
 }
-void Communicator::allGather(const void* s, void* r, size_t n, DataType t) { iallGather(s, r, n, t).wait(); }
-
-Work Communicator::ireduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op) {
-  auto& c = implOf(*this);
-  c.checkOk();
-  if (recvcount > SIZE_MAX / static_cast<size_t>(c.size()))
-    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "reduce-scatter: count overflows");
-  c.checkBuffer(sendbuf, recvcount * static_cast<size_t>(c.size()), type, "reduce-scatter");
-  c.checkBuffer(recvbuf, recvcount, type, "reduce-scatter");
-  checkOp(op, c.rank());
-  unavailable(c, "reduce-scatter");
+void Communicator::allGather(const void* s, void* r, size_t n, DataType t) { allGatherImpl(*this, s, r, n, t, false); }
+Work Communicator::ireduceScatter(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
+  return reduceScatterImpl(*this, s, r, n, t, op, true);
 }
 void Communicator::reduceScatter(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
-  ireduceScatter(s, r, n, t, op).wait();
+  reduceScatterImpl(*this, s, r, n, t, op, false);
 }
-
-Work Communicator::iallToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type) {
-  auto& c = implOf(*this);
-  c.checkOk();
-  if (count > SIZE_MAX / static_cast<size_t>(c.size()))
-    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), "all-to-all: count overflows");
-  c.checkBuffer(sendbuf, count * static_cast<size_t>(c.size()), type, "all-to-all");
-  c.checkBuffer(recvbuf, count * static_cast<size_t>(c.size()), type, "all-to-all");
-  unavailable(c, "all-to-all");
+Work Communicator::iallToAll(const void* s, void* r, size_t n, DataType t) {
+  return allToAllImpl(*this, s, r, n, t, true);
 }
-void Communicator::allToAll(const void* s, void* r, size_t n, DataType t) { iallToAll(s, r, n, t).wait(); }
+void Communicator::allToAll(const void* s, void* r, size_t n, DataType t) { allToAllImpl(*this, s, r, n, t, false); }
 
 }  // namespace loom

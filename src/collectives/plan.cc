@@ -2,12 +2,91 @@
 
 namespace loom {
 
+namespace {
+int mod(int a, int n) { return ((a % n) + n) % n; }
+}  // namespace
+
 std::vector<BarrierRound> planDisseminationBarrier(int rank, int size) {
   std::vector<BarrierRound> rounds;
   for (int dist = 1; dist < size; dist *= 2) {
     rounds.push_back({(rank + dist) % size, (rank - dist % size + size) % size});
   }
   return rounds;
+}
+
+std::vector<Segment> planSegments(size_t count, int parts) {
+  std::vector<Segment> segs;
+  const size_t n = static_cast<size_t>(parts);
+  const size_t base = count / n, extra = count % n;
+  size_t off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    size_t c = base + (i < extra ? 1 : 0);
+    segs.push_back({off, c});
+    off += c;
+  }
+  return segs;
+}
+
+std::vector<Segment> planChunks(const Segment& seg, size_t chunk) {
+  std::vector<Segment> out;
+  if (chunk == 0) chunk = 1;
+  if (seg.count == 0) {
+    out.push_back({seg.offset, 0});
+    return out;
+  }
+  for (size_t off = 0; off < seg.count; off += chunk) {
+    out.push_back({seg.offset + off, seg.count - off < chunk ? seg.count - off : chunk});
+  }
+  return out;
+}
+
+int ringSendSegment(int rank, int size, int step, int shift) { return mod(rank - step + shift, size); }
+int ringRecvSegment(int rank, int size, int step, int shift) { return mod(rank - step - 1 + shift, size); }
+int ringOwnedSegment(int rank, int size, int shift) { return mod(rank + 1 + shift, size); }
+int ringGatherSend(int rank, int size, int step, int shift) { return mod(rank + 1 - step + shift, size); }
+int ringGatherRecv(int rank, int size, int step, int shift) { return mod(rank - step + shift, size); }
+
+TreeNode planBinomialTree(int rank, int size, int root) {
+  TreeNode node;
+  const int vr = mod(rank - root, size);
+  int mask = 1;
+  node.parent = -1;
+  while (mask < size) {
+    if (vr & mask) {
+      node.parent = mod(vr - mask + root, size);
+      break;
+    }
+    mask <<= 1;
+  }
+  // Children: vr + m for every power of two m below this rank's lowest set bit (or below size at
+  // the root), largest first.
+  for (int m = mask >> 1; m > 0; m >>= 1) {
+    if (vr + m < size) node.children.push_back(mod(vr + m + root, size));
+  }
+  return node;
+}
+
+DoublingPlan planRecursiveDoubling(int rank, int size) {
+  DoublingPlan plan;
+  int p = 1;
+  while (p * 2 <= size) p *= 2;
+  const int rem = size - p;
+  int newRank;
+  if (rank < 2 * rem) {
+    if (rank % 2 == 0) {
+      plan.foldTo = rank + 1;
+      return plan;
+    }
+    plan.foldFrom = rank - 1;
+    newRank = rank / 2;
+  } else {
+    newRank = rank - rem;
+  }
+  for (int mask = 1; mask < p; mask <<= 1) {
+    int pn = newRank ^ mask;
+    plan.partners.push_back(pn < rem ? pn * 2 + 1 : pn + rem);
+  }
+  return plan;
 }
 
 }  // namespace loom

@@ -2,6 +2,7 @@
 // unit tests check them for every rank and world size without a network.
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 namespace loom {
@@ -16,5 +17,50 @@ struct BarrierRound {
 /// signals r + 2^k and waits for r - 2^k (mod size). Every rank has heard, directly or through
 /// others, from every rank once all rounds are done. Empty for size 1.
 std::vector<BarrierRound> planDisseminationBarrier(int rank, int size);
+
+/// A contiguous range of elements.
+struct Segment {
+  size_t offset;
+  size_t count;
+};
+
+/// Splits `count` elements into `parts` contiguous segments whose sizes differ by at most one
+/// (the first `count % parts` get one more). Covers [0, count) exactly once, in order.
+std::vector<Segment> planSegments(size_t count, int parts);
+
+/// Splits a segment into chunks of at most `chunk` elements (at least one chunk, possibly empty).
+std::vector<Segment> planChunks(const Segment& seg, size_t chunk);
+
+/// Ring reduce-scatter: at step s (0 .. n-2) rank r sends segment ringSendSegment and receives
+/// (and reduces) segment ringRecvSegment, to and from its ring neighbours. After the last step
+/// rank r holds the fully reduced segment ringOwnedSegment. `shift` rotates which segment each
+/// rank ends with: shift 0 gives r + 1, shift n - 1 gives r (as reduce-scatter needs).
+int ringSendSegment(int rank, int size, int step, int shift);
+int ringRecvSegment(int rank, int size, int step, int shift);
+int ringOwnedSegment(int rank, int size, int shift);
+
+/// Ring all-gather after a reduce-scatter with the same shift: at step s rank r sends segment
+/// ringGatherSend and receives ringGatherRecv.
+int ringGatherSend(int rank, int size, int step, int shift);
+int ringGatherRecv(int rank, int size, int step, int shift);
+
+/// A binomial tree rooted at `root`: the parent (-1 at the root) and the children in the order
+/// they are served (farthest subtree first, so the largest subtree starts earliest).
+struct TreeNode {
+  int parent;
+  std::vector<int> children;
+};
+TreeNode planBinomialTree(int rank, int size, int root);
+
+/// Recursive doubling for any world size. With p the largest power of two <= size and
+/// rem = size - p, the first 2 * rem ranks pair up: the even one hands its data to the odd one
+/// (`foldTo`) and sits out; the odd one takes it (`foldFrom`). The p remaining ranks exchange with
+/// `partners` (one per step) and the odd ranks hand the result back to their even neighbour.
+struct DoublingPlan {
+  int foldTo = -1;    ///< this rank sends its data here first and waits for the result (sits out)
+  int foldFrom = -1;  ///< this rank first receives and reduces the data of this rank
+  std::vector<int> partners;
+};
+DoublingPlan planRecursiveDoubling(int rank, int size);
 
 }  // namespace loom

@@ -242,6 +242,16 @@ void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& 
   if (!ran) submit(what, body)->wait();
 }
 
+uint8_t* CommImpl::scratch(size_t bytes, int slot) {
+  auto& v = scratch_[slot];
+  if (v.size() < bytes) {
+    v.clear();
+    v.shrink_to_fit();
+    v.resize(bytes);
+  }
+  return v.data();
+}
+
 void CommImpl::barrierBody(int64_t seq) {
   const uint32_t tag = collectiveTag(seq);
   uint8_t token = 0, sink = 0;

@@ -56,6 +56,11 @@ class CommImpl {
   RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what);
   RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what);
 
+  /// Scratch memory for collectives, `slot` 0 to kScratchSlots-1. Only collectives use it, and they
+  /// run one at a time on the op queue, so no lock is needed. Grows, never shrinks.
+  static constexpr int kScratchSlots = 3;
+  uint8_t* scratch(size_t bytes, int slot);
+
   // ---- Errors and lifetime. ----
   void abort();
   /// Throws the failure that marked this communicator failed, if any.
@@ -82,6 +87,7 @@ class CommImpl {
   std::unique_ptr<OpQueue> queue_;
   std::atomic<int64_t> nextSeq_{0};
   std::atomic<bool> aborted_{false};
+  std::vector<uint8_t> scratch_[kScratchSlots];
 };
 
 }  // namespace detail

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -68,6 +69,8 @@ class Request {
   int peer() const { return peer_; }
   const std::string& what() const { return what_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// For receives whose size must match exactly (collectives): the size expected, or SIZE_MAX.
+  size_t expectBytes = SIZE_MAX;
 
  private:
   void throwIfFailed();

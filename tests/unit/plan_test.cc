@@ -28,3 +28,94 @@ TEST(Plan, DisseminationBarrierCoversEveryRank) {
     for (int r = 0; r < n; ++r) EXPECT_EQ(heard[r].size(), static_cast<size_t>(n)) << "n=" << n << " rank " << r;
   }
 }
+
+TEST(Plan, SegmentsAndChunksCoverEveryElementOnce) {
+  for (size_t count : {0, 1, 2, 7, 1021, 1048579})
+    for (int parts = 1; parts <= 9; ++parts) {
+      auto segs = loom::planSegments(count, parts);
+      ASSERT_EQ(segs.size(), static_cast<size_t>(parts));
+      size_t next = 0;
+      for (const auto& s : segs) {
+        EXPECT_EQ(s.offset, next);
+        EXPECT_LE(s.count, count / parts + 1);
+        size_t inner = s.offset;
+        for (const auto& ch : loom::planChunks(s, 1000)) {
+          EXPECT_EQ(ch.offset, inner);
+          EXPECT_LE(ch.count, 1000u);
+          inner += ch.count;
+        }
+        EXPECT_EQ(inner, s.offset + s.count);
+        next += s.count;
+      }
+      EXPECT_EQ(next, count);
+    }
+}
+
+// In every step, what a rank sends is what its right neighbour receives; every segment is
+// reduced by every rank exactly once and ends owned by exactly one rank.
+TEST(Plan, RingScheduleIsConsistent) {
+  for (int n = 2; n <= 64; ++n)
+    for (int shift : {0, n - 1}) {
+      std::vector<int> owners(n, 0);
+      for (int r = 0; r < n; ++r) {
+        std::vector<int> reduced(n, 0);
+        for (int s = 0; s < n - 1; ++s) {
+          EXPECT_EQ(loom::ringSendSegment(r, n, s, shift), loom::ringRecvSegment((r + 1) % n, n, s, shift));
+          EXPECT_EQ(loom::ringGatherSend(r, n, s, shift), loom::ringGatherRecv((r + 1) % n, n, s, shift));
+          if (s > 0) {
+            EXPECT_EQ(loom::ringSendSegment(r, n, s, shift), loom::ringRecvSegment(r, n, s - 1, shift));
+          }
+          reduced[loom::ringRecvSegment(r, n, s, shift)]++;
+        }
+        int own = loom::ringOwnedSegment(r, n, shift);
+        EXPECT_EQ(own, loom::ringRecvSegment(r, n, n - 2, shift));
+        EXPECT_EQ(loom::ringGatherSend(r, n, 0, shift), own);
+        owners[own]++;
+        EXPECT_EQ(reduced[loom::ringSendSegment(r, n, 0, shift)], 0);  // its own first segment: input only
+      }
+      for (int o : owners) EXPECT_EQ(o, 1);
+      if (shift == n - 1) {
+        for (int r = 0; r < n; ++r) {
+          EXPECT_EQ(loom::ringOwnedSegment(r, n, shift), r);
+        }
+      }
+    }
+}
+
+TEST(Plan, BinomialTreeParentsAndChildrenAgree) {
+  for (int n = 1; n <= 64; ++n)
+    for (int root : {0, n / 2, n - 1}) {
+      std::vector<int> parentOf(n, -2);
+      for (int r = 0; r < n; ++r) {
+        auto node = loom::planBinomialTree(r, n, root);
+        EXPECT_EQ(node.parent == -1, r == root);
+        for (int child : node.children) {
+          EXPECT_EQ(parentOf[child], -2) << "two parents";
+          parentOf[child] = r;
+        }
+      }
+      for (int r = 0; r < n; ++r) {
+        if (r == root) continue;
+        EXPECT_EQ(parentOf[r], loom::planBinomialTree(r, n, root).parent) << "n=" << n << " r=" << r;
+      }
+    }
+}
+
+TEST(Plan, RecursiveDoublingPartnersArePaired) {
+  for (int n = 1; n <= 64; ++n) {
+    std::vector<loom::DoublingPlan> plans;
+    for (int r = 0; r < n; ++r) plans.push_back(loom::planRecursiveDoubling(r, n));
+    int active = 0;
+    for (int r = 0; r < n; ++r) {
+      const auto& p = plans[r];
+      if (p.foldTo >= 0) {
+        EXPECT_EQ(plans[p.foldTo].foldFrom, r);
+        EXPECT_TRUE(p.partners.empty());
+        continue;
+      }
+      ++active;
+      for (size_t k = 0; k < p.partners.size(); ++k) EXPECT_EQ(plans[p.partners[k]].partners[k], r);
+    }
+    EXPECT_EQ(active & (active - 1), 0) << "active ranks form a power of two";
+  }
+}

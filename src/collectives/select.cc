@@ -1,0 +1,182 @@
+#include "collectives/select.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "core/param.hpp"
+
+namespace loom {
+namespace coll {
+namespace {
+
+LOOM_PARAM_STR(algoParam, "LOOM_ALGO", "",
+               "force algorithms: ring|rd|tree|chain|pairwise, or per collective allreduce:rd,...");
+LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 25, "cost model: microseconds per message step over TCP");
+LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
+
+std::vector<Algo> candidates(Coll c) {
+  switch (c) {
+    case Coll::AllReduce:
+      return {Algo::Ring, Algo::RecursiveDoubling};
+    case Coll::Broadcast:
+      return {Algo::Chain, Algo::Binomial};
+    case Coll::Reduce:
+      return {Algo::Ring, Algo::Binomial};
+    case Coll::AllGather:
+      return {Algo::Ring};
+    case Coll::ReduceScatter:
+      return {Algo::Ring};
+    case Coll::AllToAll:
+      return {Algo::Pairwise};
+  }
+  return {Algo::Ring};
+}
+
+const char* overrideKey(Coll c) {
+  switch (c) {
+    case Coll::AllReduce:
+      return "allreduce";
+    case Coll::Broadcast:
+      return "broadcast";
+    case Coll::Reduce:
+      return "reduce";
+    case Coll::AllGather:
+      return "allgather";
+    case Coll::ReduceScatter:
+      return "reducescatter";
+    case Coll::AllToAll:
+      return "alltoall";
+  }
+  return "";
+}
+
+bool parseAlgo(const std::string& s, Algo* out) {
+  for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::Binomial, Algo::Chain, Algo::Pairwise}) {
+    if (s == algoName(a)) {
+      *out = a;
+      return true;
+    }
+  }
+  if (s == "recursive_doubling") return *out = Algo::RecursiveDoubling, true;
+  if (s == "binomial") return *out = Algo::Binomial, true;
+  return false;
+}
+
+}  // namespace
+
+const char* collName(Coll c) {
+  switch (c) {
+    case Coll::AllReduce:
+      return "all_reduce";
+    case Coll::Broadcast:
+      return "broadcast";
+    case Coll::Reduce:
+      return "reduce";
+    case Coll::AllGather:
+      return "all_gather";
+    case Coll::ReduceScatter:
+      return "reduce_scatter";
+    case Coll::AllToAll:
+      return "all_to_all";
+  }
+  return "?";
+}
+
+const char* algoName(Algo a) {
+  switch (a) {
+    case Algo::Ring:
+      return "ring";
+    case Algo::RecursiveDoubling:
+      return "rd";
+    case Algo::Binomial:
+      return "tree";
+    case Algo::Chain:
+      return "chain";
+    case Algo::Pairwise:
+      return "pairwise";
+  }
+  return "?";
+}
+
+CostModel costModelFromEnv() {
+  CostModel m;
+  m.latencyUs = static_cast<double>(latencyParam());
+  m.gbps = static_cast<double>(bandwidthParam()) / 1000.0;
+  m.chunkBytes = static_cast<size_t>(std::max<int64_t>(4096, envInt("LOOM_CHUNK_BYTES", 512 * 1024)));
+  return m;
+}
+
+double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
+  const double S = static_cast<double>(bytes), N = n;
+  const double a_ = m.latencyUs, b = 1e-3 / m.gbps;  // b: us per byte
+  double logn = 0;
+  while ((1 << static_cast<int>(logn)) < n) logn += 1;
+  if (n == 1) return 0;
+  switch (a) {
+    case Algo::Ring: {
+      double steps = c == Coll::AllReduce ? 2 * (N - 1) : (N - 1);
+      double per = c == Coll::AllGather || c == Coll::ReduceScatter ? S / N : S / N;
+      double extra = c == Coll::Reduce ? a_ + per * b : 0;  // gather to the root
+      return steps * (a_ + per * b) + extra;
+    }
+    case Algo::RecursiveDoubling: {
+      int p = 1;
+      while (p * 2 <= n) p *= 2;
+      double fold = p == n ? 0 : 2 * (a_ + S * b);
+      double steps = 0;
+      while ((1 << static_cast<int>(steps)) < p) steps += 1;
+      return steps * (a_ + S * b) + fold;
+    }
+    case Algo::Binomial:
+      return logn * (a_ + S * b);
+    case Algo::Chain: {
+      double chunks = std::max(1.0, std::ceil(S / static_cast<double>(m.chunkBytes)));
+      double chunk = S / chunks;
+      return (N - 2 + chunks) * (a_ + chunk * b);
+    }
+    case Algo::Pairwise:
+      return (N - 1) * (a_ + S / N * b);
+  }
+  return 0;
+}
+
+Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::string& override) {
+  auto cands = candidates(c);
+  // LOOM_ALGO: a bare name applies everywhere it exists; "coll:name" entries apply to one.
+  std::string text = override;
+  size_t pos = 0;
+  while (!text.empty() && pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string name = item;
+    size_t colon = item.find(':');
+    if (colon != std::string::npos) {
+      if (item.substr(0, colon) != overrideKey(c))
+        name.clear();
+      else
+        name = item.substr(colon + 1);
+    }
+    Algo forced;
+    if (!name.empty() && parseAlgo(name, &forced)) {
+      for (Algo x : cands)
+        if (x == forced) return forced;
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  Algo best = cands.front();
+  double bestUs = modelUs(c, best, bytes, n, m);
+  for (Algo x : cands) {
+    double t = modelUs(c, x, bytes, n, m);
+    if (t < bestUs) {
+      best = x;
+      bestUs = t;
+    }
+  }
+  return best;
+}
+
+std::string algoOverrideFromEnv() { return algoParam(); }
+
+}  // namespace coll
+}  // namespace loom

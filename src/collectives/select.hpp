@@ -1,0 +1,36 @@
+// Algorithm selection: a cost model time = latency x steps + bytes / bandwidth per algorithm, with
+// the transport's latency (LOOM_TCP_LATENCY_US) and bandwidth (LOOM_TCP_GBPS), picks the
+// algorithm per call. LOOM_ALGO overrides it, for all collectives ("ring") or per collective
+// ("allreduce:rd,broadcast:chain"); an algorithm that does not exist for a collective is ignored
+// for it. `loom-info --algos` prints the table of choices.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace loom {
+namespace coll {
+
+enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll };
+enum class Algo { Ring, RecursiveDoubling, Binomial, Chain, Pairwise };
+
+const char* collName(Coll c);  ///< "all_reduce", ...
+const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise"
+
+struct CostModel {
+  double latencyUs = 25.0;  ///< per message step
+  double gbps = 1.5;        ///< GB/s per link
+  size_t chunkBytes = 512 * 1024;
+};
+
+/// The model from the environment.
+CostModel costModelFromEnv();
+/// Modelled microseconds of `algo` for `bytes` (the whole buffer) on `ranks` ranks.
+double modelUs(Coll c, Algo a, size_t bytes, int ranks, const CostModel& m);
+/// The algorithm for one call. `override` is LOOM_ALGO's text ("" for the model alone).
+Algo selectAlgo(Coll c, size_t bytes, int ranks, const CostModel& m, const std::string& override);
+/// LOOM_ALGO's current value.
+std::string algoOverrideFromEnv();
+
+}  // namespace coll
+}  // namespace loom

@@ -1,0 +1,196 @@
+#include <cstring>
+
+#include "kernels/reduce.hpp"
+
+namespace loom {
+namespace kernels {
+namespace {
+
+// bfloat16 as its bits; converted inline so that the loops vectorise.
+struct Bf16 {
+  uint16_t bits;
+};
+
+#define LOOM_INLINE static inline __attribute__((always_inline))
+
+LOOM_INLINE float toFloat(Bf16 v) {
+  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+LOOM_INLINE Bf16 fromFloat(float f, Bf16) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return Bf16{static_cast<uint16_t>((u >> 16) | 0x40)};  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return Bf16{static_cast<uint16_t>(u >> 16)};
+}
+LOOM_INLINE float toFloat(_Float16 v) { return static_cast<float>(v); }
+LOOM_INLINE _Float16 fromFloat(float f, _Float16) { return static_cast<_Float16>(f); }
+
+// Integer arithmetic goes through the unsigned type: it wraps instead of overflowing.
+template <typename T>
+struct Wide {
+  using U = T;
+};
+template <>
+struct Wide<int8_t> {
+  using U = uint8_t;
+};
+template <>
+struct Wide<int32_t> {
+  using U = uint32_t;
+};
+template <>
+struct Wide<int64_t> {
+  using U = uint64_t;
+};
+
+struct Sum {
+  template <typename T>
+  LOOM_INLINE T apply(T a, T b) {
+    using U = typename Wide<T>::U;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  }
+  LOOM_INLINE float applyf(float a, float b) { return a + b; }
+};
+struct Prod {
+  template <typename T>
+  LOOM_INLINE T apply(T a, T b) {
+    using U = typename Wide<T>::U;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  }
+  LOOM_INLINE float applyf(float a, float b) { return a * b; }
+};
+struct Max {
+  template <typename T>
+  LOOM_INLINE T apply(T a, T b) {
+    return a < b ? b : a;
+  }
+  LOOM_INLINE float applyf(float a, float b) { return a < b ? b : a; }
+};
+struct Min {
+  template <typename T>
+  LOOM_INLINE T apply(T a, T b) {
+    return b < a ? b : a;
+  }
+  LOOM_INLINE float applyf(float a, float b) { return b < a ? b : a; }
+};
+
+template <typename T, typename Op>
+LOOM_INLINE void loop(T* d, const T* a, const T* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = Op::template apply<T>(a[i], b[i]);
+}
+template <typename T, typename Op>
+LOOM_INLINE void loopHalf(T* d, const T* a, const T* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = fromFloat(Op::applyf(toFloat(a[i]), toFloat(b[i])), T{});
+}
+
+#define LOOM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+// dst may alias a or b exactly: element i is read before it is written. (No __restrict: the
+// compiler adds a run-time overlap check and still vectorises.)
+#define LOOM_KERNEL(NAME, T, OP, BODY)                                                      \
+  LOOM_CLONES void NAME(void* d, const void* a, const void* b, size_t n) {                  \
+    BODY<T, OP>(static_cast<T*>(d), static_cast<const T*>(a), static_cast<const T*>(b), n); \
+  }
+
+#define LOOM_KERNELS_FOR(TN, T, BODY)   \
+  LOOM_KERNEL(sum_##TN, T, Sum, BODY)   \
+  LOOM_KERNEL(prod_##TN, T, Prod, BODY) \
+  LOOM_KERNEL(max_##TN, T, Max, BODY)   \
+  LOOM_KERNEL(min_##TN, T, Min, BODY)
+
+LOOM_KERNELS_FOR(i8, int8_t, loop)
+LOOM_KERNELS_FOR(u8, uint8_t, loop)
+LOOM_KERNELS_FOR(i32, int32_t, loop)
+LOOM_KERNELS_FOR(u32, uint32_t, loop)
+LOOM_KERNELS_FOR(i64, int64_t, loop)
+LOOM_KERNELS_FOR(u64, uint64_t, loop)
+LOOM_KERNELS_FOR(f16, _Float16, loopHalf)
+LOOM_KERNELS_FOR(f32, float, loop)
+LOOM_KERNELS_FOR(f64, double, loop)
+LOOM_KERNELS_FOR(bf16, Bf16, loopHalf)
+
+using Fn = void (*)(void*, const void*, const void*, size_t);
+// Indexed by DataType, then by ReduceOp (Sum, Prod, Max, Min).
+const Fn kTable[10][4] = {
+    {sum_i8, prod_i8, max_i8, min_i8},     {sum_u8, prod_u8, max_u8, min_u8},
+    {sum_i32, prod_i32, max_i32, min_i32}, {sum_u32, prod_u32, max_u32, min_u32},
+    {sum_i64, prod_i64, max_i64, min_i64}, {sum_u64, prod_u64, max_u64, min_u64},
+    {sum_f16, prod_f16, max_f16, min_f16}, {sum_f32, prod_f32, max_f32, min_f32},
+    {sum_f64, prod_f64, max_f64, min_f64}, {sum_bf16, prod_bf16, max_bf16, min_bf16},
+};
+
+template <typename T>
+void divideInt(T* p, size_t n, int k) {
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(k));
+}
+template <typename T>
+void divideHalf(T* p, size_t n, int k) {
+  const float fk = static_cast<float>(k);
+  for (size_t i = 0; i < n; ++i) p[i] = fromFloat(toFloat(p[i]) / fk, T{});
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op) {
+  const int o = op == ReduceOp::Avg ? 0 : static_cast<int>(op);
+  kTable[static_cast<int>(type)][o](dst, a, b, count);
+}
+
+void divide(void* buf, size_t n, DataType type, int k) {
+  switch (type) {
+    case DataType::Int8:
+      return divideInt(static_cast<int8_t*>(buf), n, k);
+    case DataType::Uint8:
+      return divideInt(static_cast<uint8_t*>(buf), n, k);
+    case DataType::Int32:
+      return divideInt(static_cast<int32_t*>(buf), n, k);
+    case DataType::Uint32:
+      return divideInt(static_cast<uint32_t*>(buf), n, static_cast<int>(k));
+    case DataType::Int64:
+      return divideInt(static_cast<int64_t*>(buf), n, k);
+    case DataType::Uint64:
+      return divideInt(static_cast<uint64_t*>(buf), n, k);
+    case DataType::Float16:
+      return divideHalf(static_cast<_Float16*>(buf), n, k);
+    case DataType::Bfloat16:
+      return divideHalf(static_cast<Bf16*>(buf), n, k);
+    case DataType::Float32: {
+      auto* p = static_cast<float*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] /= static_cast<float>(k);
+      return;
+    }
+    case DataType::Float64: {
+      auto* p = static_cast<double*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] /= static_cast<double>(k);
+      return;
+    }
+  }
+}
+
+const char* isaName() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return "avx512";
+  if (__builtin_cpu_supports("x86-64-v3")) return "avx2";
+  return "baseline";
+}
+
+float bf16ToFloat(uint16_t bits) { return toFloat(Bf16{bits}); }
+uint16_t floatToBf16(float f) { return fromFloat(f, Bf16{}).bits; }
+float fp16ToFloat(uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, 2);
+  return static_cast<float>(h);
+}
+uint16_t floatToFp16(float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+}  // namespace kernels
+}  // namespace loom

@@ -1,0 +1,476 @@
+// Every collective x datatype x op x in/out of place x count x world size x algorithm, checked
+// against a reference computed here, independently of Loom: exact for integers and for float
+// inputs chosen so that every reduction order gives the same bits (small integers), and within
+// one unit in the last place of the type for float averages (one division). Plus random floats
+// with a tolerance, several collectives in flight, long runs, and mismatched or bad arguments.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "common/ranks.hpp"
+#include "kernels/reduce.hpp"
+
+using loom::DataType;
+using loom::ReduceOp;
+
+namespace {
+
+const DataType kTypes[] = {DataType::Int8,    DataType::Uint8,   DataType::Int32,   DataType::Uint32,
+                           DataType::Int64,   DataType::Uint64,  DataType::Float16, DataType::Float32,
+                           DataType::Float64, DataType::Bfloat16};
+const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg};
+
+bool isFloat(DataType t) {
+  return t == DataType::Float16 || t == DataType::Float32 || t == DataType::Float64 || t == DataType::Bfloat16;
+}
+bool isSigned(DataType t) { return isFloat(t) || t == DataType::Int8 || t == DataType::Int32 || t == DataType::Int64; }
+
+// Rank r's input at global index i: small integers, so sums, products, minima and maxima are exact
+// in every type and independent of the order of reduction.
+double inputValue(int r, size_t i, DataType t, ReduceOp op) {
+  const long k = static_cast<long>(i % 100003);
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      return isSigned(t) ? ((r * 3 + k * 7) % 9) - 4 : (r * 3 + k * 7) % 9;
+    case ReduceOp::Prod:
+      if ((r + k) % 3 == 0) return 2;
+      return (isSigned(t) && (r * 5 + k) % 2 == 1) ? -1 : 1;
+    case ReduceOp::Max:
+    case ReduceOp::Min:
+      return isSigned(t) ? ((r * 37 + k * 11) % 61) - 30 : (r * 37 + k * 11) % 61;
+  }
+  return 0;
+}
+
+void store(void* buf, size_t i, DataType t, double v) {
+  switch (t) {
+    case DataType::Int8:
+      static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::Uint8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::Int32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::Uint32:
+      static_cast<uint32_t*>(buf)[i] = static_cast<uint32_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::Int64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::Uint64:
+      static_cast<uint64_t*>(buf)[i] = static_cast<uint64_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::Float16:
+      static_cast<uint16_t*>(buf)[i] = loom::kernels::floatToFp16(static_cast<float>(v));
+      break;
+    case DataType::Bfloat16:
+      static_cast<uint16_t*>(buf)[i] = loom::kernels::floatToBf16(static_cast<float>(v));
+      break;
+    case DataType::Float32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DataType::Float64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+  }
+}
+
+double load(const void* buf, size_t i, DataType t) {
+  switch (t) {
+    case DataType::Int8:
+      return static_cast<const int8_t*>(buf)[i];
+    case DataType::Uint8:
+      return static_cast<const uint8_t*>(buf)[i];
+    case DataType::Int32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DataType::Uint32:
+      return static_cast<const uint32_t*>(buf)[i];
+    case DataType::Int64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case DataType::Uint64:
+      return static_cast<double>(static_cast<const uint64_t*>(buf)[i]);
+    case DataType::Float16:
+      return loom::kernels::fp16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::Bfloat16:
+      return loom::kernels::bf16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::Float32:
+      return static_cast<const float*>(buf)[i];
+    case DataType::Float64:
+      return static_cast<const double*>(buf)[i];
+  }
+  return 0;
+}
+
+// The reduction of all ranks' inputs at global index i, as the type stores it (wrapping integers).
+double expected(int n, size_t i, DataType t, ReduceOp op) {
+  double acc = inputValue(0, i, t, op);
+  for (int r = 1; r < n; ++r) {
+    double v = inputValue(r, i, t, op);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg:
+        acc += v;
+        break;
+      case ReduceOp::Prod:
+        acc *= v;
+        break;
+      case ReduceOp::Max:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::Min:
+        acc = std::min(acc, v);
+        break;
+    }
+  }
+  if (op == ReduceOp::Avg) {
+    if (isFloat(t)) return acc / n;
+    return static_cast<double>(static_cast<int64_t>(acc) / n);  // truncating, as C
+  }
+  // Round-trip through the type: integers wrap, floats are exact here.
+  uint8_t tmp[8];
+  store(tmp, 0, t, acc);
+  return load(tmp, 0, t);
+}
+
+double tolerance(DataType t, ReduceOp op, double value) {
+  if (op != ReduceOp::Avg || !isFloat(t)) return 0;
+  double ulp = t == DataType::Float16    ? 1.0 / 1024
+               : t == DataType::Bfloat16 ? 1.0 / 128
+               : t == DataType::Float32  ? 1.2e-7
+                                         : 2.3e-16;
+  return ulp * std::max(1.0, std::fabs(value));
+}
+
+struct Case {
+  DataType type;
+  ReduceOp op;
+  size_t count;
+  bool inPlace;
+  int root;
+};
+
+std::string describe(const Case& k, const char* what, int rank) {
+  return std::string(what) + " " + loom::toString(k.type) + " " + loom::toString(k.op) + " count " +
+         std::to_string(k.count) + (k.inPlace ? " in place" : " out of place") + " root " + std::to_string(k.root) +
+         " on rank " + std::to_string(rank);
+}
+
+// Checks one buffer of `count` elements against f(i); reports the first mismatch.
+template <typename F>
+void expectBuffer(const void* buf, size_t count, DataType t, ReduceOp op, F f, const std::string& what) {
+  for (size_t i = 0; i < count; ++i) {
+    double want = f(i), got = load(buf, i, t);
+    if (std::fabs(got - want) > tolerance(t, op, want)) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got << ", expected " << want;
+      return;
+    }
+  }
+}
+
+// Runs one collective case on this rank and checks it.
+void runCase(loom::Communicator& c, const char* coll, const Case& k) {
+  const int n = c.size(), r = c.rank();
+  const size_t E = loom::sizeOf(k.type), cnt = k.count, N = static_cast<size_t>(n);
+  std::string what = describe(k, coll, r);
+  std::vector<uint8_t> in, out;
+  auto fill = [&](std::vector<uint8_t>& v, size_t elems, size_t base, int rank) {
+    v.assign(elems * E + 64, 0xA5);  // a tail of canaries catches writes past the end
+    for (size_t i = 0; i < elems; ++i) store(v.data(), i, k.type, inputValue(rank, base + i, k.type, k.op));
+  };
+  auto canariesIntact = [&](const std::vector<uint8_t>& v, size_t elems) {
+    for (size_t i = elems * E; i < v.size(); ++i)
+      if (v[i] != 0xA5) {
+        ADD_FAILURE() << what << ": wrote past the end of the buffer";
+        return;
+      }
+  };
+  const std::string name = coll;
+  if (name == "all_reduce") {
+    fill(in, cnt, 0, r);
+    if (k.inPlace) {
+      c.allReduce(in.data(), in.data(), cnt, k.type, k.op);
+      expectBuffer(
+          in.data(), cnt, k.type, k.op, [&](size_t i) { return expected(n, i, k.type, k.op); }, what);
+      canariesIntact(in, cnt);
+    } else {
+      out.assign(cnt * E + 64, 0xA5);
+      c.allReduce(in.data(), out.data(), cnt, k.type, k.op);
+      expectBuffer(
+          out.data(), cnt, k.type, k.op, [&](size_t i) { return expected(n, i, k.type, k.op); }, what);
+      canariesIntact(out, cnt);
+    }
+  } else if (name == "reduce") {
+    fill(in, cnt, 0, r);
+    out.assign(cnt * E + 64, 0xA5);
+    void* dst = k.inPlace ? in.data() : out.data();
+    c.reduce(in.data(), dst, cnt, k.type, k.op, k.root);
+    if (r == k.root) {
+      expectBuffer(
+          dst, cnt, k.type, k.op, [&](size_t i) { return expected(n, i, k.type, k.op); }, what);
+      canariesIntact(k.inPlace ? in : out, cnt);
+    }
+  } else if (name == "broadcast") {
+    fill(in, cnt, 0, r);
+    out.assign(cnt * E + 64, 0xA5);
+    void* dst = k.inPlace ? in.data() : out.data();
+    c.broadcast(in.data(), dst, cnt, k.type, k.root);
+    expectBuffer(
+        dst, cnt, k.type, ReduceOp::Sum,
+        [&](size_t i) {
+          uint8_t one[8];
+          store(one, 0, k.type, inputValue(k.root, i, k.type, k.op));
+          return load(one, 0, k.type);
+        },
+        what);
+    canariesIntact(k.inPlace ? in : out, cnt);
+  } else if (name == "all_gather") {
+    out.assign(N * cnt * E + 64, 0xA5);
+    if (k.inPlace) {
+      for (size_t i = 0; i < cnt; ++i) store(out.data(), r * cnt + i, k.type, inputValue(r, i, k.type, k.op));
+      c.allGather(out.data() + r * cnt * E, out.data(), cnt, k.type);
+    } else {
+      fill(in, cnt, 0, r);
+      c.allGather(in.data(), out.data(), cnt, k.type);
+    }
+    expectBuffer(
+        out.data(), N * cnt, k.type, ReduceOp::Sum,
+        [&](size_t g) {
+          uint8_t one[8];
+          store(one, 0, k.type,
+                inputValue(static_cast<int>(g / std::max<size_t>(cnt, 1)), g % std::max<size_t>(cnt, 1), k.type, k.op));
+          return load(one, 0, k.type);
+        },
+        what);
+    canariesIntact(out, N * cnt);
+  } else if (name == "reduce_scatter") {
+    fill(in, N * cnt, 0, r);
+    out.assign(cnt * E + 64, 0xA5);
+    void* dst = k.inPlace ? in.data() + r * cnt * E : out.data();
+    c.reduceScatter(in.data(), dst, cnt, k.type, k.op);
+    expectBuffer(
+        dst, cnt, k.type, k.op, [&](size_t i) { return expected(n, r * cnt + i, k.type, k.op); }, what);
+    if (!k.inPlace) canariesIntact(out, cnt);
+  } else if (name == "all_to_all") {
+    fill(in, N * cnt, static_cast<size_t>(r) * 1000, r);
+    out.assign(N * cnt * E + 64, 0xA5);
+    void* dst = k.inPlace ? in.data() : out.data();
+    c.allToAll(in.data(), dst, cnt, k.type);
+    expectBuffer(
+        dst, N * cnt, k.type, ReduceOp::Sum,
+        [&](size_t g) {
+          size_t p = g / std::max<size_t>(cnt, 1), i = g % std::max<size_t>(cnt, 1);
+          uint8_t one[8];
+          store(one, 0, k.type, inputValue(static_cast<int>(p), p * 1000 + r * cnt + i, k.type, k.op));
+          return load(one, 0, k.type);
+        },
+        what);
+    canariesIntact(k.inPlace ? in : out, N * cnt);
+  }
+}
+
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const std::string& value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~EnvGuard() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  bool had_;
+  std::string old_;
+};
+
+const char* kColls[] = {"all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"};
+
+}  // namespace
+
+// The full datatype x op matrix at small counts, for every world size 1..8 and every algorithm.
+class SmallMatrix : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
+  const int n = std::get<0>(GetParam());
+  EnvGuard algo("LOOM_ALGO", std::get<1>(GetParam()));
+  loomtest::runOk(n, [&](loom::Communicator& c) {
+    for (const char* coll : kColls) {
+      const bool reduces =
+          std::string(coll) != "broadcast" && std::string(coll) != "all_gather" && std::string(coll) != "all_to_all";
+      for (DataType t : kTypes)
+        for (ReduceOp op : kOps) {
+          if (!reduces && op != ReduceOp::Sum) continue;
+          for (size_t count : {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{1021}, static_cast<size_t>(n - 1)})
+            for (bool inPlace : {false, true})
+              for (int root : {0, n - 1}) {
+                if (root != 0 && std::string(coll) != "reduce" && std::string(coll) != "broadcast") continue;
+                runCase(c, coll, Case{t, op, count, inPlace, root});
+              }
+        }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, SmallMatrix,
+                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values("", "ring", "rd,tree")),
+                         [](const auto& info) {
+                           std::string a = std::get<1>(info.param);
+                           if (a.empty()) a = "auto";
+                           for (auto& ch : a)
+                             if (ch == ',') ch = '_';
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + a;
+                         });
+
+// Large counts (several chunks per segment) for a few types, every algorithm.
+class LargeCounts : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(LargeCounts, EveryCollective) {
+  const int n = std::get<0>(GetParam());
+  EnvGuard algo("LOOM_ALGO", std::get<1>(GetParam()));
+  loomtest::runOk(n, [&](loom::Communicator& c) {
+    for (const char* coll : kColls)
+      for (auto [t, op] : {std::pair{DataType::Float32, ReduceOp::Sum}, std::pair{DataType::Int64, ReduceOp::Max},
+                           std::pair{DataType::Bfloat16, ReduceOp::Avg}})
+        for (bool inPlace : {false, true}) {
+          size_t count = (std::string(coll) == "all_gather" || std::string(coll) == "all_to_all" ||
+                          std::string(coll) == "reduce_scatter")
+                             ? (1u << 18) + 3
+                             : (1u << 20) + 3;
+          runCase(c, coll, Case{t, op, count, inPlace, n - 1});
+        }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, LargeCounts,
+                         ::testing::Combine(::testing::Values(2, 3, 5, 8), ::testing::Values("ring", "rd,tree")),
+                         [](const auto& info) {
+                           std::string a = std::get<1>(info.param);
+                           for (auto& ch : a)
+                             if (ch == ',') ch = '_';
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + a;
+                         });
+
+TEST(Collectives, AllReduce64MiB) {
+  for (int n : {2, 4}) {
+    loomtest::runOk(n, [&](loom::Communicator& c) {
+      runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Sum, 16u << 20, false, 0});
+    });
+  }
+}
+
+TEST(Collectives, RandomFloatsWithinTolerance) {
+  const int n = 5;
+  const size_t count = 10007;
+  loomtest::runOk(n, [&](loom::Communicator& c) {
+    auto value = [](int r, size_t i) {
+      std::mt19937 g(static_cast<unsigned>(r * 1000003 + i));
+      return std::uniform_real_distribution<float>(-1.0f, 1.0f)(g);
+    };
+    std::vector<float> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = value(c.rank(), i);
+    c.allReduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+    for (size_t i = 0; i < count; ++i) {
+      double ref = 0;
+      for (int r = 0; r < n; ++r) ref += value(r, i);
+      // n terms of magnitude <= 1: float32 rounding error is below n * 2^-24 per step.
+      ASSERT_NEAR(out[i], ref, n * 6e-8 * n) << "element " << i;
+    }
+    // Every rank holds the same bits.
+    std::vector<float> gathered(count * n);
+    c.allGather(out.data(), gathered.data(), count, DataType::Float32);
+    for (int r = 1; r < n; ++r)
+      ASSERT_EQ(std::memcmp(gathered.data(), gathered.data() + r * count, count * 4), 0) << "rank " << r << " differs";
+  });
+}
+
+TEST(Collectives, SeveralInFlightCompleteInOrder) {
+  loomtest::runOk(4, [&](loom::Communicator& c) {
+    const int kOpsInFlight = 24;
+    std::vector<std::vector<int32_t>> bufs(kOpsInFlight);
+    std::vector<loom::Work> works;
+    for (int k = 0; k < kOpsInFlight; ++k) {
+      bufs[k].assign(static_cast<size_t>(1 + k * 5000), c.rank() + k);
+      if (k % 3 == 2)
+        works.push_back(c.ibroadcast(bufs[k].data(), bufs[k].data(), bufs[k].size(), DataType::Int32, k % 4));
+      else
+        works.push_back(c.iallReduce(bufs[k].data(), bufs[k].data(), bufs[k].size(), DataType::Int32, ReduceOp::Sum));
+    }
+    c.barrier();  // queued behind all of them
+    for (auto& w : works) EXPECT_TRUE(w.test());
+    for (int k = 0; k < kOpsInFlight; ++k) {
+      int32_t want = k % 3 == 2 ? (k % 4) + k : (0 + 1 + 2 + 3) + 4 * k;
+      for (int32_t v : bufs[k]) ASSERT_EQ(v, want) << "op " << k;
+    }
+  });
+}
+
+TEST(Collectives, ManyBackToBackDoNotDrift) {
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    std::vector<int64_t> v(33);
+    for (int it = 0; it < 1500; ++it) {
+      for (size_t i = 0; i < v.size(); ++i) v[i] = it + static_cast<int64_t>(i) * c.rank();
+      c.allReduce(v.data(), v.data(), v.size(), DataType::Int64, ReduceOp::Sum);
+      for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], 3 * it + static_cast<int64_t>(i) * 3) << "iteration " << it;
+    }
+  });
+}
+
+TEST(Collectives, BadArgumentsAreRejected) {
+  loomtest::runOk(2, [&](loom::Communicator& c) {
+    std::vector<float> buf(100);
+    auto code = [](const std::function<void()>& f) {
+      try {
+        f();
+      } catch (const loom::Error& e) {
+        return e.code();
+      }
+      return loom::ErrorCode::Internal;
+    };
+    EXPECT_EQ(code([&] { c.allReduce(buf.data(), buf.data() + 10, 50, DataType::Float32, ReduceOp::Sum); }),
+              loom::ErrorCode::InvalidArgument);  // overlapping, not in place
+    EXPECT_EQ(code([&] { c.broadcast(buf.data(), buf.data(), 10, DataType::Float32, 2); }),
+              loom::ErrorCode::InvalidArgument);
+    EXPECT_EQ(code([&] { c.reduce(buf.data(), buf.data(), 10, DataType::Float32, ReduceOp::Sum, -1); }),
+              loom::ErrorCode::InvalidArgument);
+    EXPECT_EQ(code([&] { c.allReduce(buf.data(), buf.data(), 10, DataType::Float32, static_cast<ReduceOp>(9)); }),
+              loom::ErrorCode::InvalidArgument);
+    EXPECT_EQ(code([&] { c.allGather(buf.data(), nullptr, 10, DataType::Float32); }), loom::ErrorCode::InvalidArgument);
+    EXPECT_EQ(code([&] { c.allToAll(buf.data(), buf.data(), static_cast<size_t>(-1) / 2, DataType::Float32); }),
+              loom::ErrorCode::InvalidArgument);
+    c.barrier();  // the communicator is still usable
+  });
+}
+
+TEST(Collectives, MismatchedCountsFailInsteadOfCorrupting) {
+  loom::Options o;
+  o.timeout = std::chrono::seconds(3);
+  EnvGuard algo("LOOM_ALGO", "ring");
+  auto results = loomtest::runRanks(
+      2,
+      [&](loom::Communicator& c) {
+        std::vector<float> buf(1000 + 64, 1.0f);
+        const size_t count = c.rank() == 0 ? 1000 : 600;
+        c.allReduce(buf.data(), buf.data(), count, DataType::Float32, ReduceOp::Sum);
+      },
+      o);
+  int failed = 0;
+  for (auto& r : results) {
+    if (!r.error.empty()) {
+      ++failed;
+      EXPECT_NE(r.error.find("all_reduce"), std::string::npos) << r.error;
+    }
+  }
+  EXPECT_GE(failed, 1);
+}
