@@ -1,0 +1,495 @@
+#include "common/perf_harness.hpp"
+
+#include <getopt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/reduce.hpp"
+#include "loom/loom.hpp"
+
+namespace loom {
+namespace bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  size_t minBytes = 32 * 1024 * 1024, maxBytes = 32 * 1024 * 1024;
+  double factor = 1;
+  size_t increment = 0;
+  int iters = 20, warmup = 5, check = 1, root = 0;
+  std::vector<DataType> types{DataType::Float32};
+  std::vector<ReduceOp> ops{ReduceOp::Sum};
+  std::string csv;
+};
+
+const char* kTypeNames[] = {"int8",   "uint8", "int32", "uint32", "int64",
+                            "uint64", "half",  "float", "double", "bfloat16"};
+
+size_t parseSize(const char* s) {
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  switch (*end) {
+    case 'K':
+    case 'k':
+      v *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    default:
+      break;
+  }
+  return static_cast<size_t>(v);
+}
+
+[[noreturn]] void usage(int code) {
+  std::printf(
+      "usage: *_perf [-b minbytes] [-e maxbytes] [-f stepfactor | -i stepbytes] [-n iters] [-w warmup]\n"
+      "              [-c 0|1] [-o sum|prod|max|min|avg|all] [-d type|all] [-r root] [--csv FILE]\n"
+      "  sizes take K, M, G suffixes; types: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
+      "  launch with loomrun -n N, srun, mpirun or torchrun\n");
+  std::exit(code);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  static option longOpts[] = {
+      {"csv", required_argument, nullptr, 'C'}, {"help", no_argument, nullptr, 'h'}, {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:o:d:r:h", longOpts, nullptr)) != -1) {
+    switch (c) {
+      case 'b':
+        o.minBytes = parseSize(optarg);
+        break;
+      case 'e':
+        o.maxBytes = parseSize(optarg);
+        break;
+      case 'f':
+        o.factor = std::atof(optarg);
+        break;
+      case 'i':
+        o.increment = parseSize(optarg);
+        break;
+      case 'n':
+        o.iters = std::max(1, std::atoi(optarg));
+        break;
+      case 'w':
+        o.warmup = std::max(0, std::atoi(optarg));
+        break;
+      case 'c':
+        o.check = std::atoi(optarg);
+        break;
+      case 'r':
+        o.root = std::atoi(optarg);
+        break;
+      case 'C':
+        o.csv = optarg;
+        break;
+      case 'o': {
+        std::string s = optarg;
+        o.ops.clear();
+        const char* names[] = {"sum", "prod", "max", "min", "avg"};
+        for (int k = 0; k < 5; ++k)
+          if (s == "all" || s == names[k]) o.ops.push_back(static_cast<ReduceOp>(k));
+        if (o.ops.empty()) usage(2);
+        break;
+      }
+      case 'd': {
+        std::string s = optarg;
+        o.types.clear();
+        for (int k = 0; k < 10; ++k)
+          if (s == "all" || s == kTypeNames[k] || s == toString(static_cast<DataType>(k)))
+            o.types.push_back(static_cast<DataType>(k));
+        if (o.types.empty()) usage(2);
+        break;
+      }
+      case 'h':
+        usage(0);
+      default:
+        usage(2);
+    }
+  }
+  if (o.maxBytes < o.minBytes) o.maxBytes = o.minBytes;
+  return o;
+}
+
+std::string strFactor(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", f);
+  return buf;
+}
+
+bool hasOp(Kind k) { return k == Kind::AllReduce || k == Kind::Reduce || k == Kind::ReduceScatter; }
+bool hasRoot(Kind k) { return k == Kind::Broadcast || k == Kind::Reduce; }
+const char* title(Kind k) {
+  switch (k) {
+    case Kind::AllReduce:
+      return "all_reduce_perf";
+    case Kind::Broadcast:
+      return "broadcast_perf";
+    case Kind::Reduce:
+      return "reduce_perf";
+    case Kind::AllGather:
+      return "all_gather_perf";
+    case Kind::ReduceScatter:
+      return "reduce_scatter_perf";
+    case Kind::AllToAll:
+      return "alltoall_perf";
+    case Kind::SendRecv:
+      return "sendrecv_perf";
+  }
+  return "?";
+}
+double busFactor(Kind k, int n) {
+  switch (k) {
+    case Kind::AllReduce:
+      return 2.0 * (n - 1) / n;
+    case Kind::AllGather:
+    case Kind::ReduceScatter:
+    case Kind::AllToAll:
+      return static_cast<double>(n - 1) / n;
+    default:
+      return 1.0;
+  }
+}
+// Elements per rank block for a "size" in bytes (nccl-tests: size is the largest buffer).
+size_t countFor(Kind k, size_t bytes, size_t elem, int n) {
+  size_t c = bytes / elem;
+  if (k == Kind::AllGather || k == Kind::ReduceScatter || k == Kind::AllToAll) c /= static_cast<size_t>(n);
+  return c;
+}
+bool isSignedType(DataType t) { return !(t == DataType::Uint8 || t == DataType::Uint32 || t == DataType::Uint64); }
+
+// Input of rank r at global index i: small integers, so every reduction order gives the same bits.
+double inputValue(int r, size_t i, DataType t, ReduceOp op) {
+  const long k = static_cast<long>(i % 4099);
+  if (op == ReduceOp::Prod) return ((r + k) % 5 == 0) ? 2 : 1;
+  if (op == ReduceOp::Max || op == ReduceOp::Min)
+    return isSignedType(t) ? (r * 13 + k * 7) % 31 - 15 : (r * 13 + k * 7) % 31;
+  return isSignedType(t) ? (r + k) % 5 - 2 : (r + k) % 5;
+}
+
+void put(void* b, size_t i, DataType t, double v) {
+  switch (t) {
+    case DataType::Int8:
+      static_cast<int8_t*>(b)[i] = static_cast<int8_t>(v);
+      break;
+    case DataType::Uint8:
+      static_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(v);
+      break;
+    case DataType::Int32:
+      static_cast<int32_t*>(b)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::Uint32:
+      static_cast<uint32_t*>(b)[i] = static_cast<uint32_t>(v);
+      break;
+    case DataType::Int64:
+      static_cast<int64_t*>(b)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::Uint64:
+      static_cast<uint64_t*>(b)[i] = static_cast<uint64_t>(v);
+      break;
+    case DataType::Float16:
+      static_cast<uint16_t*>(b)[i] = kernels::floatToFp16(static_cast<float>(v));
+      break;
+    case DataType::Bfloat16:
+      static_cast<uint16_t*>(b)[i] = kernels::floatToBf16(static_cast<float>(v));
+      break;
+    case DataType::Float32:
+      static_cast<float*>(b)[i] = static_cast<float>(v);
+      break;
+    case DataType::Float64:
+      static_cast<double*>(b)[i] = v;
+      break;
+  }
+}
+
+double get(const void* b, size_t i, DataType t) {
+  switch (t) {
+    case DataType::Int8:
+      return static_cast<const int8_t*>(b)[i];
+    case DataType::Uint8:
+      return static_cast<const uint8_t*>(b)[i];
+    case DataType::Int32:
+      return static_cast<const int32_t*>(b)[i];
+    case DataType::Uint32:
+      return static_cast<const uint32_t*>(b)[i];
+    case DataType::Int64:
+      return static_cast<double>(static_cast<const int64_t*>(b)[i]);
+    case DataType::Uint64:
+      return static_cast<double>(static_cast<const uint64_t*>(b)[i]);
+    case DataType::Float16:
+      return kernels::fp16ToFloat(static_cast<const uint16_t*>(b)[i]);
+    case DataType::Bfloat16:
+      return kernels::bf16ToFloat(static_cast<const uint16_t*>(b)[i]);
+    case DataType::Float32:
+      return static_cast<const float*>(b)[i];
+    case DataType::Float64:
+      return static_cast<const double*>(b)[i];
+  }
+  return 0;
+}
+
+double reduced(int n, size_t i, DataType t, ReduceOp op) {
+  double acc = inputValue(0, i, t, op);
+  for (int r = 1; r < n; ++r) {
+    double v = inputValue(r, i, t, op);
+    if (op == ReduceOp::Prod)
+      acc *= v;
+    else if (op == ReduceOp::Max)
+      acc = std::max(acc, v);
+    else if (op == ReduceOp::Min)
+      acc = std::min(acc, v);
+    else
+      acc += v;
+  }
+  if (op == ReduceOp::Avg) {
+    bool fl = t == DataType::Float16 || t == DataType::Float32 || t == DataType::Float64 || t == DataType::Bfloat16;
+    acc = fl ? acc / n : static_cast<double>(static_cast<int64_t>(acc) / n);
+  }
+  uint8_t tmp[8];
+  put(tmp, 0, t, acc);
+  return get(tmp, 0, t);
+}
+
+struct Bench {
+  Communicator& comm;
+  Kind kind;
+  int n, rank;
+  std::vector<uint8_t> send, recv;
+
+  // One call of the collective, out of place or in place.
+  void run(size_t count, DataType t, ReduceOp op, int root, bool inPlace) {
+    const size_t E = sizeOf(t), blk = count * E;
+    uint8_t* s = send.data();
+    uint8_t* r = inPlace ? send.data() : recv.data();
+    switch (kind) {
+      case Kind::AllReduce:
+        comm.allReduce(s, r, count, t, op);
+        break;
+      case Kind::Broadcast:
+        comm.broadcast(s, r, count, t, root);
+        break;
+      case Kind::Reduce:
+        comm.reduce(s, r, count, t, op, root);
+        break;
+      case Kind::AllGather:
+        comm.allGather(inPlace ? r + rank * blk : s, r, count, t);
+        break;
+      case Kind::ReduceScatter:
+        comm.reduceScatter(s, inPlace ? s + rank * blk : r, count, t, op);
+        break;
+      case Kind::AllToAll:
+        comm.allToAll(s, r, count, t);
+        break;
+      case Kind::SendRecv: {
+        auto rq = comm.irecv(r == s ? recv.data() : r, count, t, (rank + n - 1) % n);
+        auto sq = comm.isend(s, count, t, (rank + 1) % n);
+        sq.wait();
+        rq.wait();
+        break;
+      }
+    }
+  }
+
+  void fillInput(size_t count, DataType t, ReduceOp op, bool inPlace) {
+    const size_t E = sizeOf(t);
+    if (kind == Kind::AllGather && inPlace) {
+      for (size_t i = 0; i < count; ++i) put(send.data() + rank * count * E, i, t, inputValue(rank, i, t, op));
+      return;
+    }
+    size_t elems = (kind == Kind::ReduceScatter || kind == Kind::AllToAll) ? count * n : count;
+    for (size_t i = 0; i < elems; ++i) put(send.data(), i, t, inputValue(rank, i, t, op));
+  }
+
+  // Number of wrong elements on this rank after one checked call.
+  double wrong(size_t count, DataType t, ReduceOp op, int root, bool inPlace) {
+    const size_t E = sizeOf(t);
+    fillInput(count, t, op, inPlace);
+    run(count, t, op, root, inPlace);
+    const uint8_t* out = inPlace ? send.data() : recv.data();
+    double bad = 0;
+    auto expectAt = [&](size_t i, double want) { bad += get(out, i, t) != want ? 1 : 0; };
+    switch (kind) {
+      case Kind::AllReduce:
+        for (size_t i = 0; i < count; ++i) expectAt(i, reduced(n, i, t, op));
+        break;
+      case Kind::Reduce:
+        if (rank == root)
+          for (size_t i = 0; i < count; ++i) expectAt(i, reduced(n, i, t, op));
+        break;
+      case Kind::Broadcast:
+        for (size_t i = 0; i < count; ++i) {
+          uint8_t one[8];
+          put(one, 0, t, inputValue(root, i, t, op));
+          expectAt(i, get(one, 0, t));
+        }
+        break;
+      case Kind::AllGather:
+        for (size_t g = 0; g < count * n; ++g) {
+          uint8_t one[8];
+          put(one, 0, t, inputValue(static_cast<int>(g / count), g % count, t, op));
+          expectAt(g, get(one, 0, t));
+        }
+        break;
+      case Kind::ReduceScatter:
+        out = inPlace ? send.data() + rank * count * E : recv.data();
+        for (size_t i = 0; i < count; ++i) bad += get(out, i, t) != reduced(n, rank * count + i, t, op) ? 1 : 0;
+        break;
+      case Kind::AllToAll:
+        for (size_t g = 0; g < count * n; ++g) {
+          uint8_t one[8];
+          put(one, 0, t, inputValue(static_cast<int>(g / count), rank * count + g % count, t, op));
+          expectAt(g, get(one, 0, t));
+        }
+        break;
+      case Kind::SendRecv: {
+        const uint8_t* got = recv.data();
+        int from = (rank + n - 1) % n;
+        for (size_t i = 0; i < count; ++i) {
+          uint8_t one[8];
+          put(one, 0, t, inputValue(from, i, t, op));
+          bad += get(got, i, t) != get(one, 0, t) ? 1 : 0;
+        }
+        break;
+      }
+    }
+    return bad;
+  }
+
+  // Seconds per call, the slowest rank's.
+  double time(size_t count, DataType t, ReduceOp op, int root, bool inPlace, int warmup, int iters) {
+    fillInput(count, t, op, inPlace);
+    for (int i = 0; i < warmup; ++i) run(count, t, op, root, inPlace);
+    comm.barrier();
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) run(count, t, op, root, inPlace);
+    double sec = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    comm.allReduce(&sec, &sec, 1, DataType::Float64, ReduceOp::Max);
+    return sec;
+  }
+};
+
+}  // namespace
+
+int perfMain(int argc, char** argv, Kind kind) {
+  Options o = parse(argc, argv);
+  try {
+    Communicator comm = Communicator::fromEnv();
+    const int n = comm.size(), rank = comm.rank();
+    if (hasRoot(kind) && (o.root < 0 || o.root >= n)) {
+      if (rank == 0) std::fprintf(stderr, "root %d is out of range for %d ranks\n", o.root, n);
+      return 2;
+    }
+    Bench b{comm, kind, n, rank, {}, {}};
+    b.send.assign(o.maxBytes + 64, 0);
+    b.recv.assign(o.maxBytes + 64, 0);
+    FILE* csv = nullptr;
+    if (rank == 0) {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      std::printf("# Loom %s: %d ranks (rank 0 on %s), kernels: %s\n", title(kind), n, host, kernels::isaName());
+      std::printf(
+          "# minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d\n", o.minBytes, o.maxBytes,
+          (o.increment > 0 ? std::to_string(o.increment) + "(bytes)" : strFactor(o.factor) + "(factor)").c_str(),
+          o.warmup, o.iters, o.check);
+      std::printf("#\n# %62s %33s %33s\n", "", "out-of-place", "in-place");
+      std::printf("# %12s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
+                  "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+      std::printf("# %12s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
+                  "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+      if (!o.csv.empty()) {
+        csv = std::fopen(o.csv.c_str(), "w");
+        if (csv != nullptr)
+          std::fprintf(csv, "collective,ranks,bytes,count,type,op,root,inplace,time_us,algbw_gbs,busbw_gbs,wrong\n");
+      }
+    }
+    double busSum = 0, wrongTotal = 0, peakBus = 0;
+    size_t peakBytes = 0;
+    int rows = 0;
+    const char* opNames[] = {"sum", "prod", "max", "min", "avg"};
+    for (DataType t : o.types)
+      for (ReduceOp op : (hasOp(kind) ? o.ops : std::vector<ReduceOp>{ReduceOp::Sum})) {
+        const size_t E = sizeOf(t);
+        for (size_t bytes = o.minBytes; bytes <= o.maxBytes;) {
+          const size_t count = countFor(kind, bytes, E, n);
+          const size_t shown = (kind == Kind::AllGather || kind == Kind::ReduceScatter || kind == Kind::AllToAll)
+                                   ? count * n * E
+                                   : count * E;
+          double tm[2], bw[2], bus[2], bad[2];
+          for (int ip = 0; ip < 2; ++ip) {
+            const bool inPlace = ip == 1;
+            if (kind == Kind::SendRecv && inPlace) {
+              tm[ip] = bw[ip] = bus[ip] = bad[ip] = -1;
+              continue;
+            }
+            tm[ip] = b.time(count, t, op, o.root, inPlace, o.warmup, o.iters);
+            bad[ip] = o.check ? b.wrong(count, t, op, o.root, inPlace) : 0;
+            comm.allReduce(&bad[ip], &bad[ip], 1, DataType::Float64, ReduceOp::Sum);
+            bw[ip] = tm[ip] > 0 ? static_cast<double>(shown) / tm[ip] / 1e9 : 0;
+            bus[ip] = bw[ip] * busFactor(kind, n);
+          }
+          if (rank == 0) {
+            std::printf(
+                "  %12zu %12zu %8s %6s %6d", shown,
+                (kind == Kind::AllGather || kind == Kind::ReduceScatter || kind == Kind::AllToAll) ? count * n : count,
+                kTypeNames[static_cast<int>(t)], hasOp(kind) ? opNames[static_cast<int>(op)] : "none",
+                hasRoot(kind) ? o.root : -1);
+            for (int ip = 0; ip < 2; ++ip) {
+              if (tm[ip] < 0) {
+                std::printf(" %9s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
+                continue;
+              }
+              std::printf(" %9.2f %7.2f %7.2f %6.0f", tm[ip] * 1e6, bw[ip], bus[ip], bad[ip]);
+              busSum += bus[ip];
+              wrongTotal += bad[ip];
+              ++rows;
+              if (bus[ip] > peakBus) {
+                peakBus = bus[ip];
+                peakBytes = shown;
+              }
+              if (csv != nullptr) {
+                std::fprintf(csv, "%s,%d,%zu,%zu,%s,%s,%d,%d,%.3f,%.4f,%.4f,%.0f\n", title(kind), n, shown, count,
+                             kTypeNames[static_cast<int>(t)], hasOp(kind) ? opNames[static_cast<int>(op)] : "none",
+                             hasRoot(kind) ? o.root : -1, ip, tm[ip] * 1e6, bw[ip], bus[ip], bad[ip]);
+              }
+            }
+            std::printf("\n");
+            std::fflush(stdout);
+          }
+          size_t next =
+              o.increment > 0 ? bytes + o.increment : static_cast<size_t>(static_cast<double>(bytes) * o.factor);
+          if (next <= bytes) break;
+          bytes = next;
+        }
+      }
+    if (rank == 0) {
+      std::printf("# Out of bounds values : %.0f %s\n", wrongTotal, wrongTotal == 0 ? "OK" : "FAILED");
+      std::printf("# Avg bus bandwidth    : %g \n", rows > 0 ? busSum / rows : 0.0);
+      std::printf("# Peak bus bandwidth   : %.3f GB/s at %zu bytes\n#\n", peakBus, peakBytes);
+      if (csv != nullptr) std::fclose(csv);
+    }
+    comm.barrier();
+    return wrongTotal == 0 ? 0 : 1;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace bench
+}  // namespace loom
