@@ -63,12 +63,14 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
 
   // 2. Publish every transport's endpoint, then wait for everyone to have joined.
   engine_ = std::make_unique<ProgressEngine>(rank);
+  sendEngine_ = std::make_unique<ProgressEngine>(rank);
   try {
     join(options, sockets, deadline, origin);
   } catch (...) {
     // Members are destroyed in reverse order without the destructor: stop the engine thread
     // first so that it never touches a connection being freed.
     engine_->stop();
+    sendEngine_->stop();
     conns_.clear();
     throw;
   }
@@ -85,6 +87,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   ctx.key = access_.key;
   ctx.commId = access_.commId;
   ctx.engine = engine_.get();
+  ctx.sendEngine = sendEngine_.get();
   ctx.failure = failure_;
   ctx.deadline = deadline;
   ctx.socketsPerPeer = sockets;
@@ -147,6 +150,7 @@ CommImpl::~CommImpl() {
   Status bye = Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was destroyed", name_.c_str()));
   if (queue_) queue_->shutdown(bye);
   engine_->stop();
+  sendEngine_->stop();
   for (auto& c : conns_)
     if (c) c->failAll(bye);
   conns_.clear();

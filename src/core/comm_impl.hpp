@@ -1,8 +1,8 @@
 // CommImpl: the communicator behind loom::Communicator and loomComm_t.
 //
-// Owns, in destruction order: the op queue (stopped first), the progress engine (stopped before
-// connections go), the connections (one per peer, a SelfConnection for itself), the transports,
-// the store and, on the rank that hosts it, a reference keeping the store server up.
+// Owns, in destruction order: the op queue (stopped first), the progress engines (a receive thread
+// and a send thread, stopped before connections go), the connections (one per peer, a SelfConnection for itself), the
+// transports, the store and, on the rank that hosts it, a reference keeping the store server up.
 //
 // Threads: isend/irecv and the collective entry points may be called from any thread. abort()
 // from any thread. Collectives run in call order on the OpQueue.
@@ -81,7 +81,8 @@ class CommImpl {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<FailureState> failure_;
   StoreAccess access_;
-  std::unique_ptr<ProgressEngine> engine_;
+  std::unique_ptr<ProgressEngine> engine_;      // reads
+  std::unique_ptr<ProgressEngine> sendEngine_;  // finishes writes
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<std::unique_ptr<Connection>> conns_;  // by rank
   std::unique_ptr<OpQueue> queue_;

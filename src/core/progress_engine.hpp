@@ -1,6 +1,8 @@
-// ProgressEngine: one per communicator, the only thread that drives connections in the
-// background. It waits in epoll on the connections' sockets and calls their handlers; callers'
-// threads only post work (and may try a non-blocking write themselves, see tcp_connection.hpp).
+// ProgressEngine: a thread that drives connections in the background: it waits in epoll on their
+// sockets and calls their handlers. A communicator has two: one reads, one finishes writes, so
+// that both directions of a link move at once (the guide's single engine serialised them and
+// left large messages at two thirds of what raw sockets carry). Callers' threads only post work
+// and may try a non-blocking write themselves (see tcp_connection.hpp).
 //
 // Handlers registered with add() must stay valid until remove() returned or the engine stopped;
 // the communicator destroys connections only after stop().

@@ -5,8 +5,8 @@
 // through the Store and creates Connections to peers (every rank calls connect() collectively).
 // A Connection links this rank to one peer. Its isend/irecv never block and never throw: the
 // outcome arrives through the Request. Messages between one pair of ranks with one tag match in
-// the order they were sent. The progress engine drives connections; a Connection starts no
-// thread of its own.
+// the order they were sent. The communicator's progress engines drive connections (one thread
+// reads, one finishes writes); a Connection starts no thread of its own.
 //
 // Ownership: the communicator owns transports and connections; connections hold a raw
 // back-reference to the engine, which the communicator stops before destroying them.
@@ -48,7 +48,8 @@ struct TransportContext {
   Store* store = nullptr;  ///< the communicator's namespace in the rendezvous store
   JobKey key{};            ///< the job secret every connection must prove
   Nonce commId{};          ///< this communicator instance, so links of two communicators never mix
-  ProgressEngine* engine = nullptr;
+  ProgressEngine* engine = nullptr;      ///< reads (and accepts)
+  ProgressEngine* sendEngine = nullptr;  ///< finishes writes the caller's thread could not
   std::shared_ptr<FailureState> failure;
   Deadline deadline{std::chrono::milliseconds(0)};  ///< for setting up
   int socketsPerPeer = 2;

@@ -20,13 +20,27 @@ constexpr size_t kInBufBytes = 256 * 1024;
 constexpr size_t kDirectReadBytes = 32 * 1024;
 constexpr int kMaxIov = 64;
 constexpr int kMaxReadsPerEvent = 64;
+// What the receive thread may write inline (control frames, small replies) before it hands the
+// rest to the send engine.
+constexpr size_t kReaderWriteBudget = 64 * 1024;
+constexpr size_t kUnlimited = SIZE_MAX;
 
 }  // namespace
 
-class TcpConnection::Handler : public PollHandler {
+class TcpConnection::ReadHandler : public PollHandler {
  public:
-  Handler(TcpConnection* conn, int index) : conn_(conn), index_(index) {}
-  void onPollEvents(uint32_t events) noexcept override { conn_->onEvents(index_, events); }
+  ReadHandler(TcpConnection* conn, int index) : conn_(conn), index_(index) {}
+  void onPollEvents(uint32_t) noexcept override { conn_->onReadable(index_); }
+
+ private:
+  TcpConnection* const conn_;  // owns this handler
+  const int index_;
+};
+
+class TcpConnection::WriteHandler : public PollHandler {
+ public:
+  WriteHandler(TcpConnection* conn, int index) : conn_(conn), index_(index) {}
+  void onPollEvents(uint32_t) noexcept override { conn_->onWritable(index_); }
 
  private:
   TcpConnection* const conn_;  // owns this handler
@@ -35,13 +49,17 @@ class TcpConnection::Handler : public PollHandler {
 
 struct TcpConnection::Stream {
   Socket sock;
-  std::unique_ptr<Handler> handler;
+  std::unique_ptr<ReadHandler> reader;
+  std::unique_ptr<WriteHandler> writer;
   bool registered = false;
   bool eof = false;  // the peer closed its side of this socket
-  // Sending.
+  // Sending. Frames are only appended by others; the active writer alone pops them, so pointers
+  // into queued frames stay valid while it writes unlocked.
   std::deque<OutFrame> out;
-  bool wantOut = false;
-  // Receiving.
+  bool armed = false;    // EPOLLOUT requested from the send engine
+  bool writing = false;  // a thread is in sendmsg on this stream, unlocked
+  // Receiving (the receive thread's alone, but for failLocked while `reading` is false).
+  bool reading = false;  // the receive thread is in recv on this stream, unlocked
   std::vector<uint8_t> in = std::vector<uint8_t>(kInBufBytes);
   size_t rpos = 0;
   size_t wpos = 0;
@@ -54,18 +72,21 @@ struct TcpConnection::Stream {
   std::shared_ptr<Unexpected> ux;
 };
 
-TcpConnection::TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* engine,
-                             std::shared_ptr<FailureState> failure, TcpOptions options, std::string description)
+TcpConnection::TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine,
+                             ProgressEngine* sendEngine, std::shared_ptr<FailureState> failure, TcpOptions options,
+                             std::string description)
     : rank_(rank),
       peer_(peer),
-      engine_(engine),
+      recvEngine_(recvEngine),
+      sendEngine_(sendEngine),
       failure_(std::move(failure)),
       options_(options),
       description_(std::move(description)) {
   for (size_t i = 0; i < sockets.size(); ++i) {
     auto s = std::make_unique<Stream>();
     s->sock = std::move(sockets[i]);
-    s->handler = std::make_unique<Handler>(this, static_cast<int>(i));
+    s->reader = std::make_unique<ReadHandler>(this, static_cast<int>(i));
+    s->writer = std::make_unique<WriteHandler>(this, static_cast<int>(i));
     streams_.push_back(std::move(s));
   }
 }
@@ -78,7 +99,8 @@ TcpConnection::~TcpConnection() {
 void TcpConnection::start() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : streams_) {
-    engine_->add(s->sock.fd(), s->handler.get(), EPOLLIN);
+    recvEngine_->add(s->sock.fd(), s->reader.get(), EPOLLIN);
+    sendEngine_->add(s->sock.fd(), s->writer.get(), 0);
     s->registered = true;
   }
 }
@@ -98,73 +120,65 @@ Status TcpConnection::malformed(const std::string& why) const {
 }
 
 void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept {
-  Status st;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) {
-      req->fail(closedStatus_);
-      return;
-    }
-    auto op = std::make_shared<SendOp>();
-    op->req = req;
-    op->buf = static_cast<const uint8_t*>(buf);
-    op->bytes = bytes;
-    op->tag = tag;
-    op->seq = nextSendSeq_++;
-    FrameHeader h;
-    h.tag = tag;
-    h.seq = op->seq;
-    h.a = bytes;
-    Stream& s0 = *streams_[0];
-    if (bytes <= options_.eagerBytes) {
-      h.type = static_cast<uint8_t>(FrameType::Eager);
-      op->framesLeft = 1;
-      enqueueLocked(s0, h, op->buf, bytes, op);
-    } else {
-      h.type = static_cast<uint8_t>(FrameType::Rts);
-      awaitingCts_[op->seq] = op;
-      enqueueLocked(s0, h, nullptr, 0, nullptr);
-    }
-    st = flushLocked(s0);
-    if (!st.ok) failLocked(st);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (closed_) {
+    req->fail(closedStatus_);
+    return;
   }
-  if (!st.ok) failure_->fail(st);
+  auto op = std::make_shared<SendOp>();
+  op->req = req;
+  op->buf = static_cast<const uint8_t*>(buf);
+  op->bytes = bytes;
+  op->tag = tag;
+  op->seq = nextSendSeq_++;
+  FrameHeader h;
+  h.tag = tag;
+  h.seq = op->seq;
+  h.a = bytes;
+  Stream& s0 = *streams_[0];
+  if (bytes <= options_.eagerBytes) {
+    h.type = static_cast<uint8_t>(FrameType::Eager);
+    op->framesLeft = 1;
+    enqueueLocked(s0, h, op->buf, bytes, op);
+  } else {
+    h.type = static_cast<uint8_t>(FrameType::Rts);
+    awaitingCts_[op->seq] = op;
+    enqueueLocked(s0, h, nullptr, 0, nullptr);
+  }
+  // The caller writes what the socket takes at once; the send engine does the rest.
+  Status st = flush(s0, lock, kUnlimited);
+  if (!st.ok) failFrom(st, lock);
 }
 
 void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept {
-  Status st;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto op = std::make_shared<RecvOp>();
-    op->req = req;
-    op->buf = static_cast<uint8_t*>(buf);
-    op->capacity = bytes;
-    op->tag = tag;
-    auto uit = unexpected_.find(tag);
-    if (uit != unexpected_.end() && !uit->second.empty()) {
-      std::shared_ptr<Unexpected> u = uit->second.front();
-      uit->second.pop_front();
-      if (uit->second.empty()) unexpected_.erase(uit);
-      if (u->hdr.type == static_cast<uint8_t>(FrameType::Eager)) {
-        op->bytes = u->hdr.a;
-        if (u->complete) {
-          deliverUnexpectedLocked(*u, *op);
-        } else {
-          u->claimedBy = op;  // delivered when its payload has arrived
-        }
+  std::unique_lock<std::mutex> lock(mu_);
+  auto op = std::make_shared<RecvOp>();
+  op->req = req;
+  op->buf = static_cast<uint8_t*>(buf);
+  op->capacity = bytes;
+  op->tag = tag;
+  auto uit = unexpected_.find(tag);
+  if (uit != unexpected_.end() && !uit->second.empty()) {
+    std::shared_ptr<Unexpected> u = uit->second.front();
+    uit->second.pop_front();
+    if (uit->second.empty()) unexpected_.erase(uit);
+    if (u->hdr.type == static_cast<uint8_t>(FrameType::Eager)) {
+      op->bytes = u->hdr.a;
+      if (u->complete) {
+        deliverUnexpectedLocked(*u, *op);
       } else {
-        acceptRtsLocked(u->hdr, op);
-        st = flushLocked(*streams_[0]);
-        if (!st.ok) failLocked(st);
+        u->claimedBy = op;  // delivered when its payload has arrived
       }
-    } else if (closed_) {
-      req->fail(closedStatus_);
-      return;
     } else {
-      posted_[tag].push_back(op);
+      acceptRtsLocked(u->hdr, op);
+      Status st = flush(*streams_[0], lock, kUnlimited);
+      if (!st.ok) failFrom(st, lock);
     }
+  } else if (closed_) {
+    req->fail(closedStatus_);
+  } else {
+    posted_[tag].push_back(op);
   }
-  if (!st.ok) failure_->fail(st);
 }
 
 void TcpConnection::deliverUnexpectedLocked(Unexpected& u, RecvOp& op) {
@@ -198,6 +212,7 @@ void TcpConnection::sendCtsLocked(uint64_t seq, bool accept) {
   h.flags = accept ? 1 : 0;
   h.seq = seq;
   enqueueLocked(*streams_[0], h, nullptr, 0, nullptr);
+  armLocked(*streams_[0], true);  // the send engine sends it now, whatever this thread does next
 }
 
 void TcpConnection::enqueueLocked(Stream& s, const FrameHeader& h, const uint8_t* payload, size_t len,
@@ -214,8 +229,18 @@ void TcpConnection::onSentLocked(OutFrame& f) {
   if (f.op && --f.op->framesLeft == 0) f.op->req->complete(f.op->bytes);
 }
 
-Status TcpConnection::flushLocked(Stream& s) {
-  while (!s.out.empty()) {
+void TcpConnection::armLocked(Stream& s, bool want) {
+  if (s.armed == want || !s.registered) return;
+  s.armed = want;
+  sendEngine_->modify(s.sock.fd(), s.writer.get(), want ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+}
+
+Status TcpConnection::flush(Stream& s, std::unique_lock<std::mutex>& lock, size_t budget) {
+  if (s.writing || closed_ || s.out.empty()) return Status::success();
+  s.writing = true;
+  size_t written = 0;
+  Status st;
+  while (!s.out.empty() && written < budget) {
     iovec iov[kMaxIov];
     int n = 0;
     for (auto it = s.out.begin(); it != s.out.end() && n + 2 <= kMaxIov; ++it) {
@@ -234,20 +259,21 @@ Status TcpConnection::flushLocked(Stream& s) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n);
-    ssize_t w = sendmsg(s.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int fd = s.sock.fd();
+    lock.unlock();
+    ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int err = errno;
+    lock.lock();
+    if (closed_) break;  // failed meanwhile: abandonWritesLocked below settles the frames
     if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!s.wantOut) {
-          s.wantOut = true;
-          engine_->modify(s.sock.fd(), s.handler.get(), EPOLLIN | EPOLLOUT);
-        }
-        return Status::success();
-      }
-      return Status::error(
+      if (err == EINTR) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) break;
+      st = Status::error(
           ErrorCode::Remote,
-          strFormat("sending to rank %d failed: %s (did it exit or crash?)", peer_, errnoText(errno).c_str()), peer_);
+          strFormat("sending to rank %d failed: %s (did it exit or crash?)", peer_, errnoText(err).c_str()), peer_);
+      break;
     }
+    written += static_cast<size_t>(w);
     size_t left = static_cast<size_t>(w);
     while (left > 0 && !s.out.empty()) {
       OutFrame& f = s.out.front();
@@ -261,11 +287,14 @@ Status TcpConnection::flushLocked(Stream& s) {
       }
     }
   }
-  if (s.wantOut) {
-    s.wantOut = false;
-    engine_->modify(s.sock.fd(), s.handler.get(), EPOLLIN);
+  s.writing = false;
+  if (closed_) {
+    abandonWritesLocked(s);
+    return Status::success();
   }
-  return Status::success();
+  if (st.ok) armLocked(s, !s.out.empty());
+  if (st.ok && peerClosed_ && !anyWritingLocked()) st = *peerClosed_;
+  return st;
 }
 
 Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
@@ -354,10 +383,8 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
         d.b = std::min(slice, op->bytes - off);
         enqueueLocked(*streams_[i], d, op->buf + off, d.b, op);
       }
-      for (size_t i = 0; i < nstreams; ++i) {
-        Status st = flushLocked(*streams_[i]);
-        if (!st.ok) return st;
-      }
+      // The receive thread must not stall on big writes: the send engine writes the slices.
+      for (size_t i = 0; i < nstreams; ++i) armLocked(*streams_[i], true);
       return Status::success();
     }
     case FrameType::Data: {
@@ -403,7 +430,7 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
   return Status::success();
 }
 
-Status TcpConnection::readLocked(Stream& s) {
+Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
   for (int reads = 0; reads < kMaxReadsPerEvent;) {
     if (!s.inPayload) {
       if (s.wpos - s.rpos >= kHeaderBytes) {
@@ -427,7 +454,7 @@ Status TcpConnection::readLocked(Stream& s) {
       }
       continue;
     }
-    // Nothing usable is buffered: read from the socket.
+    // Nothing usable is buffered: read from the socket, unlocked.
     if (s.rpos == s.wpos) {
       s.rpos = s.wpos = 0;
     } else if (s.rpos > 0) {
@@ -435,14 +462,21 @@ Status TcpConnection::readLocked(Stream& s) {
       s.wpos -= s.rpos;
       s.rpos = 0;
     }
-    ssize_t n;
     const bool direct = s.inPayload && s.target != nullptr && s.remaining >= kDirectReadBytes && s.wpos == 0;
-    if (direct) {
-      n = recv(s.sock.fd(), s.target, s.remaining, MSG_DONTWAIT);
-    } else {
-      n = recv(s.sock.fd(), s.in.data() + s.wpos, s.in.size() - s.wpos, MSG_DONTWAIT);
-    }
+    uint8_t* dst = direct ? s.target : s.in.data() + s.wpos;
+    const size_t len = direct ? s.remaining : s.in.size() - s.wpos;
+    const int fd = s.sock.fd();
+    s.reading = true;
+    lock.unlock();
+    ssize_t n = recv(fd, dst, len, MSG_DONTWAIT);
+    const int err = errno;
+    lock.lock();
+    s.reading = false;
     ++reads;
+    if (closed_) {
+      abandonReadLocked(s);
+      return Status::success();
+    }
     if (n > 0) {
       if (direct) {
         s.target += n;
@@ -458,57 +492,70 @@ Status TcpConnection::readLocked(Stream& s) {
     }
     if (n == 0) {
       // Other streams may still hold the tail of a striped message: the connection is closed
-      // only once every stream has reached its end (see onEvents).
+      // only once every stream has reached its end (see onReadable).
       s.eof = true;
-      if (s.registered) {
-        engine_->remove(s.sock.fd());
-        s.registered = false;
-      }
+      recvEngine_->remove(fd);
       return Status::success();
     }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::success();
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) return Status::success();
     return Status::error(
         ErrorCode::Remote,
-        strFormat("receiving from rank %d failed: %s (did it exit or crash?)", peer_, errnoText(errno).c_str()), peer_);
+        strFormat("receiving from rank %d failed: %s (did it exit or crash?)", peer_, errnoText(err).c_str()), peer_);
   }
   return Status::success();
 }
 
-void TcpConnection::onEvents(int index, uint32_t events) noexcept {
-  Status st;
-  bool notify = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    Stream& s = *streams_[static_cast<size_t>(index)];
-    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) st = readLocked(s);
-    if (st.ok && (events & EPOLLOUT)) st = flushLocked(s);
-    // Reading may have queued control frames (CTS) on stream 0: send them now, not at the next
-    // writable event (none is awaited while the queue was empty).
-    Stream& s0 = *streams_[0];
-    if (st.ok && !s0.out.empty() && !s0.wantOut && !s0.eof) st = flushLocked(s0);
-    if (st.ok && s.eof) {
-      bool all = true;
-      for (const auto& x : streams_) all = all && x->eof;
-      if (all) {
-        st = Status::error(ErrorCode::Remote,
-                           strFormat("rank %d closed its connection (it exited, crashed or destroyed its "
-                                     "communicator)",
-                                     peer_),
-                           peer_);
+void TcpConnection::onReadable(int index) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (closed_) return;
+  Stream& s = *streams_[static_cast<size_t>(index)];
+  if (s.eof) return;
+  Status st = read(s, lock);
+  // Reading may have queued control frames (CTS) on stream 0: send them now, not at the next
+  // writable event.
+  if (st.ok && !closed_) st = flush(*streams_[0], lock, kReaderWriteBudget);
+  if (st.ok && !closed_ && s.eof) {
+    bool all = true;
+    for (const auto& x : streams_) all = all && x->eof;
+    if (all) {
+      st = Status::error(
+          ErrorCode::Remote,
+          strFormat("rank %d closed its connection (it exited, crashed or destroyed its communicator)", peer_), peer_);
+      // A writer in sendmsg may have delivered its last frame without having recorded it yet:
+      // judge whether anything is pending only once it has (see flush).
+      if (anyWritingLocked()) {
+        peerClosed_ = st;
+        st = Status::success();
       }
     }
-    if (!st.ok) {
-      // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
-      // leaves mid-operation fails the communicator.
-      notify = failLocked(st);
-      if (!notify) LOOM_INFO("%s", st.message.c_str());
-    }
   }
-  if (notify) {
+  if (!st.ok) failFrom(st, lock);
+}
+
+bool TcpConnection::anyWritingLocked() const {
+  for (const auto& x : streams_)
+    if (x->writing) return true;
+  return false;
+}
+
+void TcpConnection::onWritable(int index) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (closed_) return;
+  Status st = flush(*streams_[static_cast<size_t>(index)], lock, kUnlimited);
+  if (!st.ok) failFrom(st, lock);
+}
+
+void TcpConnection::failFrom(const Status& st, std::unique_lock<std::mutex>& lock) {
+  // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
+  // leaves mid-operation fails the communicator.
+  const bool pending = failLocked(st);
+  lock.unlock();
+  if (pending) {
     LOOM_WARN("%s", st.message.c_str());
     failure_->fail(st);
+  } else {
+    LOOM_INFO("%s", st.message.c_str());
   }
 }
 
@@ -522,6 +569,21 @@ bool TcpConnection::hasPendingLocked() const {
   return false;
 }
 
+void TcpConnection::abandonReadLocked(Stream& s) {
+  if (s.inPayload && s.op) s.op->req->fail(closedStatus_);
+  if (s.inPayload && s.ux && s.ux->claimedBy) s.ux->claimedBy->req->fail(closedStatus_);
+  s.op.reset();
+  s.ux.reset();
+  s.inPayload = false;
+  s.target = nullptr;
+}
+
+void TcpConnection::abandonWritesLocked(Stream& s) {
+  for (auto& f : s.out)
+    if (f.op) f.op->req->fail(closedStatus_);
+  s.out.clear();
+}
+
 bool TcpConnection::failLocked(const Status& status) {
   if (closed_) return false;
   const bool pending = hasPendingLocked();
@@ -532,23 +594,23 @@ bool TcpConnection::failLocked(const Status& status) {
   posted_.clear();
   for (auto& [seq, op] : awaitingCts_) op->req->fail(status);
   awaitingCts_.clear();
-  for (auto& [seq, op] : incoming_) op->req->fail(status);
+  for (auto& [seq, op] : incoming_) {
+    // A receive the reader is filling right now is failed by the reader when it relocks.
+    bool inFlight = false;
+    for (auto& s : streams_) inFlight = inFlight || (s->reading && s->op == op);
+    if (!inFlight) op->req->fail(status);
+  }
   incoming_.clear();
   // Eager payloads fully received stay: a later receive can still take them.
   for (auto& [tag, q] : unexpected_)
     q.erase(std::remove_if(q.begin(), q.end(), [](const std::shared_ptr<Unexpected>& u) { return !u->complete; }),
             q.end());
   for (auto& s : streams_) {
-    for (auto& f : s->out)
-      if (f.op) f.op->req->fail(status);
-    s->out.clear();
-    if (s->inPayload && s->op) s->op->req->fail(status);
-    if (s->inPayload && s->ux && s->ux->claimedBy) s->ux->claimedBy->req->fail(status);
-    s->op.reset();
-    s->ux.reset();
-    s->inPayload = false;
+    if (!s->writing) abandonWritesLocked(*s);
+    if (!s->reading) abandonReadLocked(*s);
     if (s->registered) {
-      engine_->remove(s->sock.fd());
+      if (!s->eof) recvEngine_->remove(s->sock.fd());
+      sendEngine_->remove(s->sock.fd());
       s->registered = false;
     }
     if (s->sock.valid()) shutdown(s->sock.fd(), SHUT_RDWR);

@@ -7,15 +7,21 @@
 // posted are kept ("unexpected": an eager payload is buffered, an RTS only remembered).
 //
 // Threads: isend/irecv run on the caller's thread and may write to a socket directly (a send on
-// an idle socket then costs no thread hand-off); reading and the rest of writing happen on the
-// progress engine's thread. One mutex, mu_, guards all state; requests are completed with it held
-// (Request never calls back into the connection).
+// an idle socket then costs no thread hand-off). The communicator's receive engine thread does all
+// reading; its send engine thread finishes writes the caller could not. One mutex, mu_, guards
+// all state, but it is never held across a data syscall: a stream's reader (the receive thread)
+// and its one active writer (flag `writing`) copy bytes unlocked, so both directions and the
+// caller's reductions proceed in parallel. While a stream is being read or written unlocked, a
+// failure leaves that stream's in-flight operation alone; the reader or writer fails it when it
+// relocks, so a buffer is never released to the user while the kernel still copies into it.
+// Requests are completed with mu_ held (Request never calls back into the connection).
 #pragma once
 
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,12 +40,13 @@ struct TcpOptions {
 
 class TcpConnection : public Connection {
  public:
-  /// Takes the connected, authenticated sockets (index = stream). `engine` and `failure` outlive it.
-  TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* engine,
+  /// Takes the connected, authenticated sockets (index = stream). The engines and `failure`
+  /// outlive it: `recvEngine` reads, `sendEngine` finishes writes.
+  TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine, ProgressEngine* sendEngine,
                 std::shared_ptr<FailureState> failure, TcpOptions options, std::string description);
   ~TcpConnection() override;
 
-  /// Registers the sockets with the engine.
+  /// Registers the sockets with the engines.
   void start();
 
   int peer() const override { return peer_; }
@@ -81,11 +88,17 @@ class TcpConnection : public Connection {
   };
   enum class Sink { None, Direct, Discard, Unexpected, Data };
   struct Stream;
-  class Handler;
+  class ReadHandler;
+  class WriteHandler;
 
-  void onEvents(int stream, uint32_t events) noexcept;
-  Status readLocked(Stream& s);
-  Status flushLocked(Stream& s);
+  void onReadable(int stream) noexcept;
+  void onWritable(int stream) noexcept;
+  Status read(Stream& s, std::unique_lock<std::mutex>& lock);
+  /// Writes queued frames until the queue is empty, the socket is full, or `budget` bytes went
+  /// out; then arms the send engine if anything is left. Returns at once if another thread is
+  /// writing this stream (that writer picks the new frames up).
+  Status flush(Stream& s, std::unique_lock<std::mutex>& lock, size_t budget);
+  void armLocked(Stream& s, bool want);
   Status onHeaderLocked(Stream& s, const FrameHeader& h);
   Status finishPayloadLocked(Stream& s);
   void sendCtsLocked(uint64_t seq, bool accept);
@@ -94,14 +107,21 @@ class TcpConnection : public Connection {
   void deliverUnexpectedLocked(Unexpected& u, RecvOp& op);
   void acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<RecvOp>& op);
   bool hasPendingLocked() const;
-  /// Fails all pending requests and closes the sockets; returns whether anything was pending.
+  bool anyWritingLocked() const;
+  /// Fails all pending requests (but those a reader or writer holds unlocked) and closes the
+  /// sockets; returns whether anything was pending.
   bool failLocked(const Status& status);
+  void abandonReadLocked(Stream& s);
+  void abandonWritesLocked(Stream& s);
+  /// Runs after a failure found on a stream: fails the connection, then the communicator.
+  void failFrom(const Status& st, std::unique_lock<std::mutex>& lock);
   Status truncation(size_t message, const RecvOp& op) const;
   Status malformed(const std::string& why) const;
 
   const int rank_;
   const int peer_;
-  ProgressEngine* const engine_;  // outlives this: the communicator stops it before destroying us
+  ProgressEngine* const recvEngine_;  // both outlive this: the communicator stops them first
+  ProgressEngine* const sendEngine_;
   const std::shared_ptr<FailureState> failure_;
   const TcpOptions options_;
   const std::string description_;
@@ -116,6 +136,7 @@ class TcpConnection : public Connection {
   uint64_t nextRecvSeq_ = 0;
   bool closed_ = false;
   Status closedStatus_;
+  std::optional<Status> peerClosed_;  // every stream saw EOF while a write was in flight
 };
 
 }  // namespace tcp

@@ -373,8 +373,8 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
     std::string desc = strFormat("rank %d <-> rank %d: tcp, %d socket%s, via %s %s", ctx.rank, peer, S,
                                  S == 1 ? "" : "s", iface_.name.c_str(), self.host().c_str());
     if (auto it = remoteAddr.find(peer); it != remoteAddr.end()) desc += " -> " + it->second.toString();
-    auto conn =
-        std::make_unique<TcpConnection>(ctx.rank, peer, std::move(done[peer]), ctx.engine, ctx.failure, options, desc);
+    auto conn = std::make_unique<TcpConnection>(ctx.rank, peer, std::move(done[peer]), ctx.engine, ctx.sendEngine,
+                                                ctx.failure, options, desc);
     conn->start();
     out.push_back(std::move(conn));
   }
