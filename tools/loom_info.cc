@@ -7,7 +7,9 @@
 #include <cstring>
 
 #include "bootstrap/launcher_env.hpp"
+#include "collectives/select.hpp"
 #include "core/param.hpp"
+#include "kernels/reduce.hpp"
 #include "loom/loom.h"
 #include "loom_config.h"
 #include "transport/interfaces.hpp"
@@ -32,8 +34,32 @@ void printEnv() {
   }
 }
 
+void printAlgos() {
+  using loom::coll::Coll;
+  const auto model = loom::coll::costModelFromEnv();
+  const std::string forced = loom::coll::algoOverrideFromEnv();
+  std::printf("Algorithm chosen per collective, message size (whole buffer) and world size\n");
+  std::printf("(cost model: %.0f us per step, %.2f GB/s per link, %zu-byte chunks; LOOM_ALGO=\"%s\")\n\n",
+              model.latencyUs, model.gbps, model.chunkBytes, forced.c_str());
+  const int ranks[] = {2, 3, 4, 8, 16, 64};
+  const size_t sizes[] = {8, 1024, 64 * 1024, 1 << 20, 16 << 20, 256 << 20};
+  const char* sizeNames[] = {"8B", "1K", "64K", "1M", "16M", "256M"};
+  for (Coll c :
+       {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll}) {
+    std::printf("%-15s", loom::coll::collName(c));
+    for (const char* s : sizeNames) std::printf(" %7s", s);
+    std::printf("\n");
+    for (int n : ranks) {
+      std::printf("  %3d ranks    ", n);
+      for (size_t b : sizes) std::printf(" %7s", loom::coll::algoName(loom::coll::selectAlgo(c, b, n, model, forced)));
+      std::printf("\n");
+    }
+  }
+}
+
 void printInfo() {
   std::printf("Loom %s\n", LOOM_VERSION_STRING);
+  std::printf("CPU reduction kernels: %s (chosen at run time)\n", loom::kernels::isaName());
   std::printf("Build features: CUDA %s, InfiniBand verbs %s, hwloc %s\n", LOOM_HAVE_CUDA ? "toolkit found" : "no",
               LOOM_HAVE_IBVERBS ? "library found" : "no", LOOM_HAVE_HWLOC ? "library found" : "no");
   std::printf("Transports compiled in, in preference order:");
@@ -50,11 +76,15 @@ void printInfo() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
-    std::printf("usage: loom-info [--env]\n");
+    std::printf("usage: loom-info [--env | --algos]\n");
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "--env") == 0) {
     printEnv();
+    return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--algos") == 0) {
+    printAlgos();
     return 0;
   }
   if (argc > 1) {

@@ -1,4 +1,4 @@
-#include "common/perf_harness.hpp"
+#include "perf_harness.hpp"
 
 #include <getopt.h>
 #include <unistd.h>

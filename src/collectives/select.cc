@@ -13,6 +13,7 @@ LOOM_PARAM_STR(algoParam, "LOOM_ALGO", "",
                "force algorithms: ring|rd|tree|chain|pairwise, or per collective allreduce:rd,...");
 LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 25, "cost model: microseconds per message step over TCP");
 LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
+LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the CPU reduction kernel");
 
 std::vector<Algo> candidates(Coll c) {
   switch (c) {
@@ -102,6 +103,7 @@ CostModel costModelFromEnv() {
   CostModel m;
   m.latencyUs = static_cast<double>(latencyParam());
   m.gbps = static_cast<double>(bandwidthParam()) / 1000.0;
+  m.reduceGbps = static_cast<double>(std::max<int64_t>(1, reduceParam())) / 1000.0;
   m.chunkBytes = static_cast<size_t>(std::max<int64_t>(4096, envInt("LOOM_CHUNK_BYTES", 512 * 1024)));
   return m;
 }
@@ -109,6 +111,7 @@ CostModel costModelFromEnv() {
 double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
   const double S = static_cast<double>(bytes), N = n;
   const double a_ = m.latencyUs, b = 1e-3 / m.gbps;  // b: us per byte
+  const double g = 1e-3 / m.reduceGbps;              // us per byte reduced, not overlapped
   double logn = 0;
   while ((1 << static_cast<int>(logn)) < n) logn += 1;
   if (n == 1) return 0;
@@ -120,15 +123,16 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
       return steps * (a_ + per * b) + extra;
     }
     case Algo::RecursiveDoubling: {
+      // Each step reduces the whole buffer after it has arrived.
       int p = 1;
       while (p * 2 <= n) p *= 2;
-      double fold = p == n ? 0 : 2 * (a_ + S * b);
+      double fold = p == n ? 0 : 2 * (a_ + S * b) + S * g;
       double steps = 0;
       while ((1 << static_cast<int>(steps)) < p) steps += 1;
-      return steps * (a_ + S * b) + fold;
+      return steps * (a_ + S * b + S * g) + fold;
     }
     case Algo::Binomial:
-      return logn * (a_ + S * b);
+      return logn * (a_ + S * b + (c == Coll::Reduce ? S * g : 0));
     case Algo::Chain: {
       double chunks = std::max(1.0, std::ceil(S / static_cast<double>(m.chunkBytes)));
       double chunk = S / chunks;

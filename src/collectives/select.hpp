@@ -1,4 +1,5 @@
-// Algorithm selection: a cost model time = latency x steps + bytes / bandwidth per algorithm, with
+// Algorithm selection: a cost model time = latency x steps + bytes / bandwidth (+ the reduction
+// passes an algorithm cannot overlap with receiving) per algorithm, with
 // the transport's latency (LOOM_TCP_LATENCY_US) and bandwidth (LOOM_TCP_GBPS), picks the
 // algorithm per call. LOOM_ALGO overrides it, for all collectives ("ring") or per collective
 // ("allreduce:rd,broadcast:chain"); an algorithm that does not exist for a collective is ignored
@@ -20,6 +21,7 @@ const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise"
 struct CostModel {
   double latencyUs = 25.0;  ///< per message step
   double gbps = 1.5;        ///< GB/s per link
+  double reduceGbps = 10;   ///< GB/s of the reduction kernel (counted where it cannot overlap the network)
   size_t chunkBytes = 512 * 1024;
 };
 

@@ -1,0 +1,64 @@
+// Gloo's all-reduce (float32 sum) over its TCP transport, for bench/compare. Ranks come from
+// RANK/WORLD_SIZE (start it with loomrun); rendezvous through Gloo's FileStore in
+// $GLOO_STORE_DIR. Prints one line per size: "gloo <algo> <ranks> <bytes> <time_us> <busbw>".
+//   gloo_allreduce_bench ring_chunked|halving_doubling BYTES ITERS [BYTES ITERS ...]
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+int main(int argc, char** argv) {
+  if (argc < 4 || std::getenv("RANK") == nullptr || std::getenv("GLOO_STORE_DIR") == nullptr) {
+    std::fprintf(stderr, "usage: GLOO_STORE_DIR=dir loomrun -n N %s ring_chunked|halving_doubling BYTES ITERS...\n",
+                 argv[0]);
+    return 2;
+  }
+  const std::string algo = argv[1];
+  const int rank = std::atoi(std::getenv("RANK")), size = std::atoi(std::getenv("WORLD_SIZE"));
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto dev = gloo::transport::tcp::CreateDevice(attr);
+  gloo::rendezvous::FileStore files(std::getenv("GLOO_STORE_DIR"));
+  gloo::rendezvous::PrefixStore store(algo, files);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->connectFullMesh(store, dev);
+  for (int a = 2; a + 1 < argc; a += 2) {
+    const size_t bytes = std::strtoull(argv[a], nullptr, 10);
+    const int iters = std::atoi(argv[a + 1]);
+    const int count = static_cast<int>(std::max<size_t>(1, bytes / 4));
+    std::vector<float> data(static_cast<size_t>(count), 1.0f);
+    std::vector<float*> ptrs{data.data()};
+    std::unique_ptr<gloo::Algorithm> op;
+    if (algo == "ring_chunked")
+      op.reset(new gloo::AllreduceRingChunked<float>(context, ptrs, count));
+    else
+      op.reset(new gloo::AllreduceHalvingDoubling<float>(context, ptrs, count));
+    for (int i = 0; i < std::max(2, iters / 5); ++i) op->run();
+    // Line the ranks up with one more all-reduce, then time.
+    op->run();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) op->run();
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+    // The slowest rank's time, through Gloo itself.
+    std::vector<float> t{static_cast<float>(us)};
+    std::vector<float*> tp{t.data()};
+    gloo::AllreduceRingChunked<float> maxOp(context, tp, 1, gloo::ReductionFunction<float>::max);
+    maxOp.run();
+    if (rank == 0) {
+      double busbw = static_cast<double>(count) * 4 / (t[0] * 1e-6) / 1e9 * 2.0 * (size - 1) / size;
+      std::printf("gloo %s %d %zu %.2f %.4f\n", algo.c_str(), size, static_cast<size_t>(count) * 4, t[0], busbw);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
