@@ -370,6 +370,19 @@ TEST(Collectives, AllReduce64MiB) {
   }
 }
 
+// Regression: with one recv call per event the read budget runs out on every event; bytes already
+// buffered must still be parsed (they once waited for an event that never came: a hang).
+TEST(Collectives, TightReadBudgetNeverStrandsBufferedBytes) {
+  EnvGuard budget("LOOM_TCP_READS_PER_EVENT", "1");
+  EnvGuard chunk("LOOM_CHUNK_BYTES", "65536");
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    for (int it = 0; it < 6; ++it) {
+      runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Sum, (1u << 20) + 3, it % 2 == 1, 0});
+      runCase(c, "all_gather", Case{DataType::Int32, ReduceOp::Sum, (1u << 16) + 1, false, 0});
+    }
+  });
+}
+
 TEST(Collectives, RandomFloatsWithinTolerance) {
   const int n = 5;
   const size_t count = 10007;

@@ -19,7 +19,6 @@ constexpr size_t kInBufBytes = 256 * 1024;
 // Payloads at least this large are read straight into their destination, not through inbuf.
 constexpr size_t kDirectReadBytes = 32 * 1024;
 constexpr int kMaxIov = 64;
-constexpr int kMaxReadsPerEvent = 64;
 // What the receive thread may write inline (control frames, small replies) before it hands the
 // rest to the send engine.
 constexpr size_t kReaderWriteBudget = 64 * 1024;
@@ -431,7 +430,9 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
 }
 
 Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
-  for (int reads = 0; reads < kMaxReadsPerEvent;) {
+  // The budget bounds syscalls only: bytes already buffered are always parsed before returning,
+  // since no further EPOLLIN would come for them.
+  for (int reads = 0;;) {
     if (!s.inPayload) {
       if (s.wpos - s.rpos >= kHeaderBytes) {
         FrameHeader h = decodeHeader(s.in.data() + s.rpos);
@@ -454,7 +455,9 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
       }
       continue;
     }
-    // Nothing usable is buffered: read from the socket, unlocked.
+    // Nothing usable is buffered: read from the socket, unlocked (if the budget allows; the
+    // level-triggered event brings us back for the rest).
+    if (reads >= options_.readsPerEvent) return Status::success();
     if (s.rpos == s.wpos) {
       s.rpos = s.wpos = 0;
     } else if (s.rpos > 0) {
@@ -503,7 +506,6 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
         ErrorCode::Remote,
         strFormat("receiving from rank %d failed: %s (did it exit or crash?)", peer_, errnoText(err).c_str()), peer_);
   }
-  return Status::success();
 }
 
 void TcpConnection::onReadable(int index) noexcept {
@@ -587,6 +589,7 @@ void TcpConnection::abandonWritesLocked(Stream& s) {
 bool TcpConnection::failLocked(const Status& status) {
   if (closed_) return false;
   const bool pending = hasPendingLocked();
+
   closed_ = true;
   closedStatus_ = status;
   for (auto& [tag, q] : posted_)

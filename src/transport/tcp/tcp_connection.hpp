@@ -36,6 +36,7 @@ namespace tcp {
 struct TcpOptions {
   size_t eagerBytes = 64 * 1024;       ///< largest message sent without RTS/CTS
   size_t stripeMinBytes = 256 * 1024;  ///< a slice per stream is at least this big
+  int readsPerEvent = 64;              ///< recv calls per readable event before yielding to other sockets
 };
 
 class TcpConnection : public Connection {
