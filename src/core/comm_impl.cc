@@ -137,6 +137,8 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
 
   queue_ = std::make_unique<OpQueue>(rank);
   failure_->setHook([this](const Status& s) { failEverything(s); });
+  progress_ = std::make_shared<ProgressHook>(
+      [this](int peer) { return peer >= 0 && peer < size_ && conns_[static_cast<size_t>(peer)]->poll(); });
   if (logLevel() >= LogLevel::Info) {
     LOOM_INFO("communicator \"%s\": rank %d of %d ready (%s; store %s; timeout %.0f s)", name_.c_str(), rank, size,
               origin.c_str(), access_.endpoint.c_str(), static_cast<double>(timeout_.count()) / 1000.0);
@@ -147,6 +149,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
 
 CommImpl::~CommImpl() {
   failure_->setHook(nullptr);
+  if (progress_) progress_->detach();
   Status bye = Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was destroyed", name_.c_str()));
   if (queue_) queue_->shutdown(bye);
   engine_->stop();
@@ -199,13 +202,13 @@ size_t CommImpl::checkBuffer(const void* buf, size_t count, DataType type, const
 }
 
 RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what) {
-  auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_);
+  auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_, progress_);
   conns_[static_cast<size_t>(peer)]->isend(req, buf, bytes, tag);
   return req;
 }
 
 RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what) {
-  auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_);
+  auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_, progress_);
   conns_[static_cast<size_t>(peer)]->irecv(req, buf, bytes, tag);
   return req;
 }

@@ -80,6 +80,7 @@ class CommImpl {
   const std::string name_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<FailureState> failure_;
+  std::shared_ptr<ProgressHook> progress_;
   StoreAccess access_;
   std::unique_ptr<ProgressEngine> engine_;      // reads
   std::unique_ptr<ProgressEngine> sendEngine_;  // finishes writes

@@ -8,7 +8,8 @@
 namespace loom {
 namespace {
 
-LOOM_PARAM_INT(spinWaitUs, "LOOM_SPIN_WAIT_US", 50, "microseconds a waiter spins before it sleeps");
+LOOM_PARAM_INT(spinWaitUs, "LOOM_SPIN_WAIT_US", 50,
+               "microseconds without progress a waiter keeps polling its connection before it sleeps");
 
 int64_t spinBudgetUs() {
   static const int64_t v = spinWaitUs();
@@ -42,8 +43,13 @@ void FailureState::setHook(std::function<void(const Status&)> hook) {
 namespace detail {
 
 Request::Request(int rank, int peer, std::string what, std::chrono::milliseconds timeout,
-                 std::shared_ptr<FailureState> failure)
-    : rank_(rank), peer_(peer), what_(std::move(what)), timeout_(timeout), failure_(std::move(failure)) {}
+                 std::shared_ptr<FailureState> failure, std::shared_ptr<ProgressHook> progress)
+    : rank_(rank),
+      peer_(peer),
+      what_(std::move(what)),
+      timeout_(timeout),
+      failure_(std::move(failure)),
+      progress_(std::move(progress)) {}
 
 void Request::complete(size_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
@@ -63,12 +69,18 @@ void Request::fail(const Status& status) noexcept {
 
 bool Request::waitUntil(Clock::time_point deadline) {
   if (done()) return true;
-  // Spin briefly: a reply from a peer on this host often comes within microseconds, and a sleep
-  // costs a wake-up. Yield while spinning so that the progress thread gets the core.
-  const auto spinUntil = Clock::now() + std::chrono::microseconds(spinBudgetUs());
-  while (Clock::now() < spinUntil) {
+  // First drive the peer's connection from this thread (no wake-up of a progress thread on the
+  // path), for as long as bytes keep moving; after LOOM_SPIN_WAIT_US without progress, sleep and
+  // leave the rest to the progress threads.
+  const auto budget = std::chrono::microseconds(spinBudgetUs());
+  auto lastProgress = Clock::now();
+  while (Clock::now() - lastProgress < budget) {
     if (done()) return true;
-    std::this_thread::yield();
+    if (progress_ && progress_->poll(peer_)) {
+      lastProgress = Clock::now();
+    } else {
+      std::this_thread::yield();
+    }
   }
   std::unique_lock<std::mutex> lock(mu_);
   ++sleepers_;

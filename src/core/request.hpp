@@ -40,13 +40,33 @@ class FailureState {
   std::function<void(const Status&)> hook_;
 };
 
+/// Lets a waiting thread drive its communicator's connections (see Connection::poll). Shared by
+/// the communicator and its requests; the communicator detaches it before it tears down.
+class ProgressHook {
+ public:
+  explicit ProgressHook(std::function<bool(int peer)> poll) : poll_(std::move(poll)) {}
+  /// Polls the connection to `peer`; false when nothing moved or the communicator is going away.
+  bool poll(int peer) {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    return lock.owns_lock() && poll_ && poll_(peer);
+  }
+  void detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    poll_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  std::function<bool(int)> poll_;
+};
+
 namespace detail {
 
 class Request {
  public:
   /// `what` describes the operation for timeout messages ("recv of 40 B from rank 0, tag 0").
   Request(int rank, int peer, std::string what, std::chrono::milliseconds timeout,
-          std::shared_ptr<FailureState> failure);
+          std::shared_ptr<FailureState> failure, std::shared_ptr<ProgressHook> progress = nullptr);
 
   /// Marks success with `bytes` moved. No-op when already done.
   void complete(size_t bytes) noexcept;
@@ -80,6 +100,7 @@ class Request {
   const std::string what_;
   const std::chrono::milliseconds timeout_;
   const std::shared_ptr<FailureState> failure_;
+  const std::shared_ptr<ProgressHook> progress_;
   std::atomic<bool> done_{false};
   size_t bytes_ = 0;
   mutable std::mutex mu_;

@@ -39,15 +39,19 @@ class Connection {
   virtual void failAll(const Status& status) noexcept = 0;
   /// One line for logs: transport, sockets, addresses.
   virtual std::string describe() const = 0;
+  /// Called by a thread that waits on a request of this connection: moves whatever bytes can move
+  /// now without blocking, so that the waiter needs no hand-off from the progress threads.
+  /// Returns whether anything moved. Never blocks; any thread.
+  virtual bool poll() noexcept { return false; }
 };
 
 /// What a transport needs to set up its connections.
 struct TransportContext {
   int rank = 0;
   int size = 1;
-  Store* store = nullptr;  ///< the communicator's namespace in the rendezvous store
-  JobKey key{};            ///< the job secret every connection must prove
-  Nonce commId{};          ///< this communicator instance, so links of two communicators never mix
+  Store* store = nullptr;                ///< the communicator's namespace in the rendezvous store
+  JobKey key{};                          ///< the job secret every connection must prove
+  Nonce commId{};                        ///< this communicator instance, so links of two communicators never mix
   ProgressEngine* engine = nullptr;      ///< reads (and accepts)
   ProgressEngine* sendEngine = nullptr;  ///< finishes writes the caller's thread could not
   std::shared_ptr<FailureState> failure;

@@ -51,7 +51,8 @@ struct TcpConnection::Stream {
   std::unique_ptr<ReadHandler> reader;
   std::unique_ptr<WriteHandler> writer;
   bool registered = false;
-  bool eof = false;  // the peer closed its side of this socket
+  bool eof = false;        // the peer closed its side of this socket
+  bool rearmRead = false;  // the receive engine fired while a waiter was reading: re-arm after
   // Sending. Frames are only appended by others; the active writer alone pops them, so pointers
   // into queued frames stay valid while it writes unlocked.
   std::deque<OutFrame> out;
@@ -98,7 +99,7 @@ TcpConnection::~TcpConnection() {
 void TcpConnection::start() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : streams_) {
-    recvEngine_->add(s->sock.fd(), s->reader.get(), EPOLLIN);
+    recvEngine_->add(s->sock.fd(), s->reader.get(), EPOLLIN | EPOLLONESHOT);
     sendEngine_->add(s->sock.fd(), s->writer.get(), 0);
     s->registered = true;
   }
@@ -231,7 +232,12 @@ void TcpConnection::onSentLocked(OutFrame& f) {
 void TcpConnection::armLocked(Stream& s, bool want) {
   if (s.armed == want || !s.registered) return;
   s.armed = want;
-  sendEngine_->modify(s.sock.fd(), s.writer.get(), want ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  sendEngine_->modify(s.sock.fd(), s.writer.get(), want ? static_cast<uint32_t>(EPOLLOUT | EPOLLONESHOT) : 0u);
+}
+
+void TcpConnection::rearmReadLocked(Stream& s) {
+  if (!s.registered || s.eof || closed_) return;
+  recvEngine_->modify(s.sock.fd(), s.reader.get(), EPOLLIN | EPOLLONESHOT);
 }
 
 Status TcpConnection::flush(Stream& s, std::unique_lock<std::mutex>& lock, size_t budget) {
@@ -273,6 +279,7 @@ Status TcpConnection::flush(Stream& s, std::unique_lock<std::mutex>& lock, size_
       break;
     }
     written += static_cast<size_t>(w);
+    moved_ += static_cast<uint64_t>(w);
     size_t left = static_cast<size_t>(w);
     while (left > 0 && !s.out.empty()) {
       OutFrame& f = s.out.front();
@@ -481,6 +488,7 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
       return Status::success();
     }
     if (n > 0) {
+      moved_ += static_cast<uint64_t>(n);
       if (direct) {
         s.target += n;
         s.remaining -= static_cast<size_t>(n);
@@ -513,26 +521,56 @@ void TcpConnection::onReadable(int index) noexcept {
   if (closed_) return;
   Stream& s = *streams_[static_cast<size_t>(index)];
   if (s.eof) return;
+  if (s.reading) {
+    s.rearmRead = true;  // a waiter is reading this stream: it re-arms the event when done
+    return;
+  }
   Status st = read(s, lock);
+  if (st.ok && !closed_ && !s.eof) rearmReadLocked(s);
   // Reading may have queued control frames (CTS) on stream 0: send them now, not at the next
   // writable event.
   if (st.ok && !closed_) st = flush(*streams_[0], lock, kReaderWriteBudget);
-  if (st.ok && !closed_ && s.eof) {
-    bool all = true;
-    for (const auto& x : streams_) all = all && x->eof;
-    if (all) {
-      st = Status::error(
-          ErrorCode::Remote,
-          strFormat("rank %d closed its connection (it exited, crashed or destroyed its communicator)", peer_), peer_);
-      // A writer in sendmsg may have delivered its last frame without having recorded it yet:
-      // judge whether anything is pending only once it has (see flush).
-      if (anyWritingLocked()) {
-        peerClosed_ = st;
-        st = Status::success();
+  if (st.ok && !closed_) st = closedByPeerLocked();
+  if (!st.ok) failFrom(st, lock);
+}
+
+bool TcpConnection::poll() noexcept {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || closed_) return false;
+  const uint64_t before = moved_;
+  Status st;
+  for (auto& sp : streams_) {
+    Stream& s = *sp;
+    if (st.ok && !closed_ && !s.reading && !s.eof) {
+      st = read(s, lock);
+      if (s.rearmRead && !closed_ && !s.eof) {
+        s.rearmRead = false;
+        rearmReadLocked(s);
       }
     }
+    if (st.ok && !closed_ && !s.writing && !s.out.empty()) st = flush(s, lock, kUnlimited);
   }
-  if (!st.ok) failFrom(st, lock);
+  if (st.ok && !closed_) st = closedByPeerLocked();
+  if (!st.ok) {
+    failFrom(st, lock);
+    return true;
+  }
+  return moved_ != before;
+}
+
+Status TcpConnection::closedByPeerLocked() {
+  for (const auto& x : streams_)
+    if (!x->eof) return Status::success();
+  Status st = Status::error(
+      ErrorCode::Remote,
+      strFormat("rank %d closed its connection (it exited, crashed or destroyed its communicator)", peer_), peer_);
+  // A writer in sendmsg may have delivered its last frame without having recorded it yet: judge
+  // whether anything is pending only once it has (see flush).
+  if (anyWritingLocked()) {
+    peerClosed_ = st;
+    return Status::success();
+  }
+  return st;
 }
 
 bool TcpConnection::anyWritingLocked() const {
@@ -544,7 +582,9 @@ bool TcpConnection::anyWritingLocked() const {
 void TcpConnection::onWritable(int index) noexcept {
   std::unique_lock<std::mutex> lock(mu_);
   if (closed_) return;
-  Status st = flush(*streams_[static_cast<size_t>(index)], lock, kUnlimited);
+  Stream& s = *streams_[static_cast<size_t>(index)];
+  s.armed = false;  // one-shot: the event disarmed it; flush (ours or the active writer's) re-arms
+  Status st = flush(s, lock, kUnlimited);
   if (!st.ok) failFrom(st, lock);
 }
 

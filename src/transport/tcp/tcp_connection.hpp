@@ -7,8 +7,11 @@
 // posted are kept ("unexpected": an eager payload is buffered, an RTS only remembered).
 //
 // Threads: isend/irecv run on the caller's thread and may write to a socket directly (a send on
-// an idle socket then costs no thread hand-off). The communicator's receive engine thread does all
-// reading; its send engine thread finishes writes the caller could not. One mutex, mu_, guards
+// an idle socket then costs no thread hand-off). A thread waiting on one of this connection's
+// requests calls poll(), which reads and writes from that thread; otherwise the communicator's
+// receive engine thread reads and its send engine thread finishes writes. Engine registrations
+// are one-shot: an engine that finds a stream busy with a waiter leaves it disarmed, and the
+// waiter re-arms it when done, so no engine spins on a level-triggered event meanwhile. One mutex, mu_, guards
 // all state, but it is never held across a data syscall: a stream's reader (the receive thread)
 // and its one active writer (flag `writing`) copy bytes unlocked, so both directions and the
 // caller's reductions proceed in parallel. While a stream is being read or written unlocked, a
@@ -55,6 +58,7 @@ class TcpConnection : public Connection {
   void irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
+  bool poll() noexcept override;
 
  private:
   struct SendOp {
@@ -100,6 +104,7 @@ class TcpConnection : public Connection {
   /// writing this stream (that writer picks the new frames up).
   Status flush(Stream& s, std::unique_lock<std::mutex>& lock, size_t budget);
   void armLocked(Stream& s, bool want);
+  void rearmReadLocked(Stream& s);
   Status onHeaderLocked(Stream& s, const FrameHeader& h);
   Status finishPayloadLocked(Stream& s);
   void sendCtsLocked(uint64_t seq, bool accept);
@@ -109,6 +114,8 @@ class TcpConnection : public Connection {
   void acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<RecvOp>& op);
   bool hasPendingLocked() const;
   bool anyWritingLocked() const;
+  /// An error once every stream has seen the peer's end of file (deferred while a write is in flight).
+  Status closedByPeerLocked();
   /// Fails all pending requests (but those a reader or writer holds unlocked) and closes the
   /// sockets; returns whether anything was pending.
   bool failLocked(const Status& status);
@@ -138,6 +145,7 @@ class TcpConnection : public Connection {
   bool closed_ = false;
   Status closedStatus_;
   std::optional<Status> peerClosed_;  // every stream saw EOF while a write was in flight
+  uint64_t moved_ = 0;                // bytes read and written, so that poll() can tell progress
 };
 
 }  // namespace tcp
