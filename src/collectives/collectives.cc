@@ -55,7 +55,9 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
     coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo));
     switch (kind) {
       case Coll::AllReduce:
-        return algo == Algo::RecursiveDoubling ? coll::allReduceRecursiveDoubling(ctx, a) : coll::allReduceRing(ctx, a);
+        if (algo == Algo::RecursiveDoubling) return coll::allReduceRecursiveDoubling(ctx, a);
+        if (algo == Algo::DoubleTree) return coll::allReduceDoubleTree(ctx, a);
+        return coll::allReduceRing(ctx, a);
       case Coll::Broadcast:
         return algo == Algo::Binomial ? coll::broadcastBinomial(ctx, a) : coll::broadcastChain(ctx, a);
       case Coll::Reduce:

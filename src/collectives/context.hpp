@@ -62,6 +62,7 @@ class Context {
 
 void allReduceRing(Context& c, const Args& a);
 void allReduceRecursiveDoubling(Context& c, const Args& a);
+void allReduceDoubleTree(Context& c, const Args& a);
 void broadcastBinomial(Context& c, const Args& a);
 void broadcastChain(Context& c, const Args& a);
 void reduceBinomial(Context& c, const Args& a);

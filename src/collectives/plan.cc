@@ -89,4 +89,51 @@ DoublingPlan planRecursiveDoubling(int rank, int size) {
   return plan;
 }
 
+namespace {
+
+// The in-order tree over 1-based positions 1..n: position p with lowest set bit b has children
+// p - b/2 and p + b/2 (the right one moved closer when p + b/2 is past n) and its natural parent
+// is p - b or p + b, whichever has bit 2b set. Leaves are the odd positions (even ranks).
+int lowbit(int p) { return p & -p; }
+int naturalParent(int p) {
+  const int b = lowbit(p);
+  return (p & (2 * b)) != 0 ? p - b : p + b;
+}
+
+}  // namespace
+
+BinaryNode planInOrderTree(int rank, int size) {
+  BinaryNode node;
+  const int p = rank + 1, b = lowbit(p);
+  // Parent: climb past positions beyond the end (their subtrees are cut off there).
+  int top = 1;
+  while (top * 2 <= size) top *= 2;  // the root: the largest power of two <= size
+  if (p != top) {
+    int q = naturalParent(p);
+    while (q > size) q = naturalParent(q);
+    node.parent = q - 1;
+  }
+  if (b > 1) {
+    node.children[0] = p - b / 2 - 1;
+    int off = b / 2;
+    while (off > 0 && p + off > size) off /= 2;
+    node.children[1] = off > 0 ? p + off - 1 : -1;
+  }
+  return node;
+}
+
+BinaryNode planDoubleTree(int rank, int size, int tree) {
+  if (tree == 0 || size <= 1) return planInOrderTree(rank, size);
+  // Relabel: tree 1 is tree 0 over positions pos(rank); map positions back to ranks.
+  const bool odd = size % 2 == 1;
+  auto toPos = [&](int r) { return odd ? (r + size - 1) % size : size - 1 - r; };
+  auto toRank = [&](int p) { return p < 0 ? -1 : (odd ? (p + 1) % size : size - 1 - p); };
+  BinaryNode at = planInOrderTree(toPos(rank), size);
+  BinaryNode node;
+  node.parent = toRank(at.parent);
+  node.children[0] = toRank(at.children[0]);
+  node.children[1] = toRank(at.children[1]);
+  return node;
+}
+
 }  // namespace loom

@@ -63,4 +63,19 @@ struct DoublingPlan {
 };
 DoublingPlan planRecursiveDoubling(int rank, int size);
 
+/// A node of a binary tree: its parent (-1 at the root) and up to two children (-1 when absent).
+struct BinaryNode {
+  int parent = -1;
+  int children[2] = {-1, -1};
+};
+
+/// A balanced binary tree over ranks 0..size-1 laid out in order by the bits of rank + 1: the even
+/// ranks are the leaves, and the root is the largest power of two <= size, minus one.
+BinaryNode planInOrderTree(int rank, int size);
+
+/// The two trees of the double binary tree (tree 0 or 1). Tree 1 is tree 0 with every rank moved
+/// one place on (odd sizes) or mirrored (even sizes), so that most ranks that are leaves in one
+/// tree are interior in the other, and the two halves of the data use different links.
+BinaryNode planDoubleTree(int rank, int size, int tree);
+
 }  // namespace loom

@@ -52,7 +52,7 @@ const char* overrideKey(Coll c) {
 }
 
 bool parseAlgo(const std::string& s, Algo* out) {
-  for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::Binomial, Algo::Chain, Algo::Pairwise}) {
+  for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::Binomial, Algo::Chain, Algo::Pairwise, Algo::DoubleTree}) {
     if (s == algoName(a)) {
       *out = a;
       return true;
@@ -95,6 +95,8 @@ const char* algoName(Algo a) {
       return "chain";
     case Algo::Pairwise:
       return "pairwise";
+    case Algo::DoubleTree:
+      return "dbtree";
   }
   return "?";
 }
@@ -140,6 +142,13 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
     }
     case Algo::Pairwise:
       return (N - 1) * (a_ + S / N * b);
+    case Algo::DoubleTree: {
+      // Up and down a tree of depth log2(n), pipelined in chunks; each half of the data crosses
+      // each link once each way, and the two trees share the links.
+      double chunks = std::max(1.0, std::ceil(S / 2 / static_cast<double>(m.chunkBytes)));
+      double chunk = S / 2 / chunks;
+      return (2 * logn + chunks - 1) * (a_ + chunk * b) + S * b + S / 2 * g;
+    }
   }
   return 0;
 }

@@ -13,10 +13,10 @@ namespace loom {
 namespace coll {
 
 enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll };
-enum class Algo { Ring, RecursiveDoubling, Binomial, Chain, Pairwise };
+enum class Algo { Ring, RecursiveDoubling, Binomial, Chain, Pairwise, DoubleTree };
 
 const char* collName(Coll c);  ///< "all_reduce", ...
-const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise"
+const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise", "dbtree"
 
 struct CostModel {
   double latencyUs = 25.0;  ///< per message step

@@ -324,7 +324,7 @@ TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, SmallMatrix,
-                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values("", "ring", "rd,tree")),
+                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values("", "ring", "rd,tree", "dbtree")),
                          [](const auto& info) {
                            std::string a = std::get<1>(info.param);
                            if (a.empty()) a = "auto";
@@ -354,7 +354,8 @@ TEST_P(LargeCounts, EveryCollective) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, LargeCounts,
-                         ::testing::Combine(::testing::Values(2, 3, 5, 8), ::testing::Values("ring", "rd,tree")),
+                         ::testing::Combine(::testing::Values(2, 3, 5, 8),
+                                            ::testing::Values("ring", "rd,tree", "dbtree")),
                          [](const auto& info) {
                            std::string a = std::get<1>(info.param);
                            for (auto& ch : a)

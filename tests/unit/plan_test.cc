@@ -119,3 +119,42 @@ TEST(Plan, RecursiveDoublingPartnersArePaired) {
     EXPECT_EQ(active & (active - 1), 0) << "active ranks form a power of two";
   }
 }
+
+// Both trees of the double binary tree span every rank: one root, consistent parents and
+// children, no cycles; and most ranks that are leaves in one tree are interior in the other.
+TEST(Plan, DoubleBinaryTreesAreSpanningTrees) {
+  for (int n = 1; n <= 64; ++n) {
+    int leafInBoth = 0;
+    std::vector<int> leaves(n, 0);
+    for (int t = 0; t < 2; ++t) {
+      int roots = 0;
+      for (int r = 0; r < n; ++r) {
+        auto node = loom::planDoubleTree(r, n, t);
+        if (node.parent < 0)
+          ++roots;
+        else {
+          auto p = loom::planDoubleTree(node.parent, n, t);
+          EXPECT_TRUE(p.children[0] == r || p.children[1] == r) << "n=" << n << " tree " << t << " rank " << r;
+        }
+        for (int child : node.children) {
+          if (child >= 0) {
+            EXPECT_EQ(loom::planDoubleTree(child, n, t).parent, r);
+          }
+        }
+        if (node.children[0] < 0 && node.children[1] < 0) leaves[r]++;
+        // Walking up reaches the root within n steps: no cycles.
+        int cur = r, steps = 0;
+        while (cur >= 0 && steps <= n) {
+          cur = loom::planDoubleTree(cur, n, t).parent;
+          ++steps;
+        }
+        EXPECT_LE(steps, n) << "cycle";
+      }
+      EXPECT_EQ(roots, 1) << "n=" << n << " tree " << t;
+    }
+    for (int r = 0; r < n; ++r) leafInBoth += leaves[r] == 2 ? 1 : 0;
+    if (n >= 4) {
+      EXPECT_LE(leafInBoth, 1) << "n=" << n;  // the shifted tree of an odd size shares one
+    }
+  }
+}
