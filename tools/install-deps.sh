@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what Loom needs to build and test on Debian 12 (run as root, or with sudo available).
-# Optional extras (hwloc, rdma-core, Open MPI for the mpirun test) are installed too.
+# Optional extras are installed too: hwloc, rdma-core, Open MPI (the mpirun test, bench/compare)
+# and Gloo (bench/compare).
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential meson ninja-build pkg-config libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libhwloc-dev libibverbs-dev openmpi-bin libopenmpi-dev iproute2)
+      libhwloc-dev libibverbs-dev openmpi-bin libopenmpi-dev libgloo-dev iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
