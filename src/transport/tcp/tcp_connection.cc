@@ -18,6 +18,8 @@ namespace {
 constexpr size_t kInBufBytes = 256 * 1024;
 // Payloads at least this large are read straight into their destination, not through inbuf.
 constexpr size_t kDirectReadBytes = 32 * 1024;
+// What a read between frames takes at most (see read()).
+constexpr size_t kHeaderReadBytes = 4096;
 constexpr int kMaxIov = 64;
 // What the receive thread may write inline (control frames, small replies) before it hands the
 // rest to the send engine.
@@ -474,7 +476,10 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
     }
     const bool direct = s.inPayload && s.target != nullptr && s.remaining >= kDirectReadBytes && s.wpos == 0;
     uint8_t* dst = direct ? s.target : s.in.data() + s.wpos;
-    const size_t len = direct ? s.remaining : s.in.size() - s.wpos;
+    // Between frames, read a little: enough to batch small frames, not so much that a following
+    // large payload lands in the staging buffer and has to be copied again.
+    const size_t room = s.in.size() - s.wpos;
+    const size_t len = direct ? s.remaining : (s.inPayload ? room : std::min(room, kHeaderReadBytes));
     const int fd = s.sock.fd();
     s.reading = true;
     lock.unlock();
