@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "anchors.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/loom.hpp"
 
@@ -384,6 +385,33 @@ struct Bench {
   }
 };
 
+// For send/recv: what the machine itself does in the same run (memcpy, raw sockets in the same
+// pattern) at the largest size, and the barrier's latency.
+void printAnchors(Communicator& comm, const Options& o, double peakBus, size_t peakBytes) {
+  const int n = comm.size();
+  double raw = n > 1 ? rawRingGBs(comm, o.maxBytes, 5) : 0;
+  std::vector<double> batches;
+  for (int b = 0; b < 5; ++b) {
+    comm.barrier();
+    auto t0 = Clock::now();
+    for (int i = 0; i < 200; ++i) comm.barrier();
+    double sec = std::chrono::duration<double>(Clock::now() - t0).count() / 200;
+    comm.allReduce(&sec, &sec, 1, DataType::Float64, ReduceOp::Max);
+    batches.push_back(sec);
+  }
+  std::sort(batches.begin(), batches.end());
+  if (comm.rank() != 0) return;
+  double mem = memcpyGBs(o.maxBytes);
+  std::printf("# Anchors measured in this run, at %zu bytes:\n", o.maxBytes);
+  std::printf("#   memcpy, one thread            : %8.2f GB/s\n", mem);
+  if (n > 1) std::printf("#   raw TCP sockets, same pattern : %8.2f GB/s per rank\n", raw);
+  if (n > 1 && raw > 0) {
+    std::printf("#   Loom peak send/recv           : %8.2f GB/s at %zu bytes = %.0f%% of raw TCP, %.0f%% of memcpy\n",
+                peakBus, peakBytes, 100.0 * peakBus / raw, 100.0 * peakBus / mem);
+  }
+  std::printf("#   barrier latency (%d ranks)     : %8.2f us\n#\n", n, batches[2] * 1e6);
+}
+
 }  // namespace
 
 int perfMain(int argc, char** argv, Kind kind) {
@@ -483,6 +511,7 @@ int perfMain(int argc, char** argv, Kind kind) {
       std::printf("# Peak bus bandwidth   : %.3f GB/s at %zu bytes\n#\n", peakBus, peakBytes);
       if (csv != nullptr) std::fclose(csv);
     }
+    if (kind == Kind::SendRecv) printAnchors(comm, o, peakBus, peakBytes);
     comm.barrier();
     return wrongTotal == 0 ? 0 : 1;
   } catch (const Error& e) {
