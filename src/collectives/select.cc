@@ -133,8 +133,12 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
       while ((1 << static_cast<int>(steps)) < p) steps += 1;
       return steps * (a_ + S * b + S * g) + fold;
     }
-    case Algo::Binomial:
-      return logn * (a_ + S * b + (c == Coll::Reduce ? S * g : 0));
+    case Algo::Binomial: {
+      // Pipelined in chunks down (or up) a tree of depth log2(n); the root's link carries the data
+      // once per child, log2(n) times (and a reducing root adds that many passes).
+      double chunks = std::max(1.0, std::ceil(S / static_cast<double>(m.chunkBytes)));
+      return (logn + chunks - 1) * a_ + logn * S * b + (c == Coll::Reduce ? logn * S * g : 0);
+    }
     case Algo::Chain: {
       double chunks = std::max(1.0, std::ceil(S / static_cast<double>(m.chunkBytes)));
       double chunk = S / chunks;

@@ -324,7 +324,8 @@ TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, SmallMatrix,
-                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values("", "ring", "rd,tree", "dbtree")),
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::Values("", "ring", "rd,tree", "dbtree", "chain")),
                          [](const auto& info) {
                            std::string a = std::get<1>(info.param);
                            if (a.empty()) a = "auto";
