@@ -137,8 +137,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
 
   queue_ = std::make_unique<OpQueue>(rank);
   failure_->setHook([this](const Status& s) { failEverything(s); });
-  progress_ = std::make_shared<ProgressHook>(
-      [this](int peer) { return peer >= 0 && peer < size_ && conns_[static_cast<size_t>(peer)]->poll(); });
+  progress_ = std::make_shared<ProgressHook>(this);
   if (logLevel() >= LogLevel::Info) {
     LOOM_INFO("communicator \"%s\": rank %d of %d ready (%s; store %s; timeout %.0f s)", name_.c_str(), rank, size,
               origin.c_str(), access_.endpoint.c_str(), static_cast<double>(timeout_.count()) / 1000.0);
@@ -247,6 +246,16 @@ void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& 
   // Inline only when idle; the sequence number is taken inside so that it follows call order.
   bool ran = queue_->runInlineIfIdle([&] { body(nextSeq_.fetch_add(1)); });
   if (!ran) submit(what, body)->wait();
+}
+
+bool CommImpl::pollPeer(int peer) noexcept {
+  return peer >= 0 && peer < size_ && conns_[static_cast<size_t>(peer)]->poll();
+}
+void CommImpl::beginPolling(int peer) noexcept {
+  if (peer >= 0 && peer < size_) conns_[static_cast<size_t>(peer)]->pollBegin();
+}
+void CommImpl::endPolling(int peer) noexcept {
+  if (peer >= 0 && peer < size_) conns_[static_cast<size_t>(peer)]->pollEnd();
 }
 
 uint8_t* CommImpl::scratch(size_t bytes, int slot) {

@@ -29,11 +29,11 @@ namespace detail {
 constexpr uint32_t kCollectiveTagBit = 0x80000000u;
 inline uint32_t collectiveTag(int64_t seq) { return kCollectiveTagBit | static_cast<uint32_t>(seq & 0x7fffffff); }
 
-class CommImpl {
+class CommImpl : public Progressable {
  public:
   /// Joins the communicator: blocks until every rank has joined and every link is up, or throws.
   CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin);
-  ~CommImpl();
+  ~CommImpl() override;
   CommImpl(const CommImpl&) = delete;
   CommImpl& operator=(const CommImpl&) = delete;
 
@@ -60,6 +60,11 @@ class CommImpl {
   /// run one at a time on the op queue, so no lock is needed. Grows, never shrinks.
   static constexpr int kScratchSlots = 3;
   uint8_t* scratch(size_t bytes, int slot);
+
+  // ---- Progress driven by waiting threads (Progressable). ----
+  bool pollPeer(int peer) noexcept override;
+  void beginPolling(int peer) noexcept override;
+  void endPolling(int peer) noexcept override;
 
   // ---- Errors and lifetime. ----
   void abort();

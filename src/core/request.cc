@@ -73,14 +73,23 @@ bool Request::waitUntil(Clock::time_point deadline) {
   // path), for as long as bytes keep moving; after LOOM_SPIN_WAIT_US without progress, sleep and
   // leave the rest to the progress threads.
   const auto budget = std::chrono::microseconds(spinBudgetUs());
-  auto lastProgress = Clock::now();
-  while (Clock::now() - lastProgress < budget) {
-    if (done()) return true;
-    if (progress_ && progress_->poll(peer_)) {
-      lastProgress = Clock::now();
-    } else {
-      std::this_thread::yield();
+  if (budget.count() > 0) {
+    if (progress_) progress_->begin(peer_);
+    auto lastProgress = Clock::now();
+    bool finished = false;
+    while (Clock::now() - lastProgress < budget) {
+      if (done()) {
+        finished = true;
+        break;
+      }
+      if (progress_ && progress_->poll(peer_)) {
+        lastProgress = Clock::now();
+      } else {
+        std::this_thread::yield();
+      }
     }
+    if (progress_) progress_->end(peer_);
+    if (finished) return true;
   }
   std::unique_lock<std::mutex> lock(mu_);
   ++sleepers_;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "core/deadline.hpp"
@@ -40,24 +41,41 @@ class FailureState {
   std::function<void(const Status&)> hook_;
 };
 
+/// What a waiting thread can drive: its communicator's connection to one peer.
+class Progressable {
+ public:
+  virtual ~Progressable() = default;
+  virtual bool pollPeer(int peer) noexcept = 0;
+  virtual void beginPolling(int peer) noexcept = 0;
+  virtual void endPolling(int peer) noexcept = 0;
+};
+
 /// Lets a waiting thread drive its communicator's connections (see Connection::poll). Shared by
-/// the communicator and its requests; the communicator detaches it before it tears down.
+/// the communicator and its requests; the communicator detaches it before it tears down, and
+/// detach() waits for calls in progress.
 class ProgressHook {
  public:
-  explicit ProgressHook(std::function<bool(int peer)> poll) : poll_(std::move(poll)) {}
-  /// Polls the connection to `peer`; false when nothing moved or the communicator is going away.
+  explicit ProgressHook(Progressable* target) : target_(target) {}
   bool poll(int peer) {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    return lock.owns_lock() && poll_ && poll_(peer);
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    return target_ != nullptr && target_->pollPeer(peer);
+  }
+  void begin(int peer) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (target_ != nullptr) target_->beginPolling(peer);
+  }
+  void end(int peer) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (target_ != nullptr) target_->endPolling(peer);
   }
   void detach() {
-    std::lock_guard<std::mutex> lock(mu_);
-    poll_ = nullptr;
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    target_ = nullptr;
   }
 
  private:
-  std::mutex mu_;
-  std::function<bool(int)> poll_;
+  std::shared_mutex mu_;
+  Progressable* target_;  // the communicator; valid until detach()
 };
 
 namespace detail {

@@ -43,6 +43,10 @@ class Connection {
   /// now without blocking, so that the waiter needs no hand-off from the progress threads.
   /// Returns whether anything moved. Never blocks; any thread.
   virtual bool poll() noexcept { return false; }
+  /// Brackets a thread's run of poll() calls: while one runs, the progress threads stay off this
+  /// connection's reads (no wake-up per packet), and they take over again after the last ends.
+  virtual void pollBegin() noexcept {}
+  virtual void pollEnd() noexcept {}
 };
 
 /// What a transport needs to set up its connections.

@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_connection.hpp"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -20,6 +21,8 @@ constexpr size_t kInBufBytes = 256 * 1024;
 constexpr size_t kDirectReadBytes = 32 * 1024;
 // What a read between frames takes at most (see read()).
 constexpr size_t kHeaderReadBytes = 4096;
+// Streams poll() checks for readiness at once (LOOM_SOCKETS_PER_PEER is at most 16).
+constexpr size_t kMaxStreams = 16;
 constexpr int kMaxIov = 64;
 // What the receive thread may write inline (control frames, small replies) before it hands the
 // rest to the send engine.
@@ -526,8 +529,8 @@ void TcpConnection::onReadable(int index) noexcept {
   if (closed_) return;
   Stream& s = *streams_[static_cast<size_t>(index)];
   if (s.eof) return;
-  if (s.reading) {
-    s.rearmRead = true;  // a waiter is reading this stream: it re-arms the event when done
+  if (s.reading || pollers_ > 0) {
+    s.rearmRead = true;  // a waiter drives this connection: it re-arms the event when done
     return;
   }
   Status st = read(s, lock);
@@ -543,12 +546,19 @@ bool TcpConnection::poll() noexcept {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || closed_) return false;
   const uint64_t before = moved_;
+  // Ask which streams have bytes first: poll(2) reads the receive queue without the socket lock,
+  // where an empty recv(2) would take it and contend with arriving packets and with senders.
+  pollfd ready[kMaxStreams];
+  const size_t ns = std::min(streams_.size(), kMaxStreams);
+  for (size_t i = 0; i < ns; ++i) ready[i] = pollfd{streams_[i]->eof ? -1 : streams_[i]->sock.fd(), POLLIN, 0};
+  if (::poll(ready, ns, 0) < 0) return false;
   Status st;
-  for (auto& sp : streams_) {
-    Stream& s = *sp;
-    if (st.ok && !closed_ && !s.reading && !s.eof) {
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    Stream& s = *streams_[i];
+    const bool readable = i >= ns || (ready[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+    if (st.ok && readable && !closed_ && !s.reading && !s.eof) {
       st = read(s, lock);
-      if (s.rearmRead && !closed_ && !s.eof) {
+      if (s.rearmRead && pollers_ == 0 && !closed_ && !s.eof) {
         s.rearmRead = false;
         rearmReadLocked(s);
       }
@@ -561,6 +571,23 @@ bool TcpConnection::poll() noexcept {
     return true;
   }
   return moved_ != before;
+}
+
+void TcpConnection::pollBegin() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pollers_++ > 0 || closed_) return;
+  // Disarm reads: packets that arrive while this thread polls must not wake the receive thread.
+  for (auto& s : streams_)
+    if (s->registered && !s->eof) recvEngine_->modify(s->sock.fd(), s->reader.get(), 0);
+}
+
+void TcpConnection::pollEnd() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--pollers_ > 0 || closed_) return;
+  for (auto& s : streams_) {
+    s->rearmRead = false;
+    rearmReadLocked(*s);
+  }
 }
 
 Status TcpConnection::closedByPeerLocked() {

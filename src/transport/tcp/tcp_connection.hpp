@@ -59,6 +59,8 @@ class TcpConnection : public Connection {
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
   bool poll() noexcept override;
+  void pollBegin() noexcept override;
+  void pollEnd() noexcept override;
 
  private:
   struct SendOp {
@@ -146,6 +148,7 @@ class TcpConnection : public Connection {
   Status closedStatus_;
   std::optional<Status> peerClosed_;  // every stream saw EOF while a write was in flight
   uint64_t moved_ = 0;                // bytes read and written, so that poll() can tell progress
+  int pollers_ = 0;                   // threads between pollBegin and pollEnd
 };
 
 }  // namespace tcp
