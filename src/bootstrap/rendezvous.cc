@@ -21,10 +21,16 @@ LOOM_PARAM_INT(storePortParam, "LOOM_STORE_PORT", 0, "port of the store loomGetU
 constexpr char kIdMagic[4] = {'L', 'M', 'I', 'D'};
 constexpr uint8_t kIdVersion = 1;
 
-// Stores hosted by this process, by port; they live until exit (see the header).
+// Stores hosted by this process, by port (see the header).
 struct Hosted {
   std::mutex mu;
+  // From the environment: hosted by rank 0 for the process's lifetime (every communicator made
+  // from the environment shares it).
   std::map<int, std::shared_ptr<TcpStoreServer>> servers;
+  // From unique ids: held here until a communicator of this process joins with the id; from then
+  // on the communicators that joined with it own it, and it stops with the last of them.
+  std::map<int, std::shared_ptr<TcpStoreServer>> unclaimed;
+  std::map<int, std::weak_ptr<TcpStoreServer>> claimed;
 };
 Hosted& hosted() {
   static Hosted* h = new Hosted();  // never destroyed: ranks may still be talking to it at exit
@@ -84,13 +90,26 @@ UniqueIdFields createUniqueId() {
   f.store = bindAddr;
   f.store.setPort(server->port());
   std::lock_guard<std::mutex> lock(hosted().mu);
-  hosted().servers[server->port()] = server;
+  hosted().unclaimed[server->port()] = server;
   return f;
 }
 
 StoreAccess connectWithUniqueId(const UniqueIdFields& id, int rank, const Deadline& deadline,
                                 std::chrono::milliseconds opTimeout) {
   StoreAccess a;
+  {
+    // If this process hosts the id's store, the communicators joining with it keep it running.
+    std::lock_guard<std::mutex> lock(hosted().mu);
+    auto& h = hosted();
+    if (auto it = h.unclaimed.find(id.store.port()); it != h.unclaimed.end()) {
+      a.keepAlive = it->second;
+      h.claimed[id.store.port()] = it->second;
+      h.unclaimed.erase(it);
+    } else if (auto c = h.claimed.find(id.store.port()); c != h.claimed.end()) {
+      a.keepAlive = c->second.lock();
+      if (!a.keepAlive) h.claimed.erase(c);
+    }
+  }
   auto client = std::make_shared<TcpStoreClient>(id.store.host(), id.store.port(), id.key, rank, deadline, opTimeout);
   a.endpoint = client->endpoint();
   a.store = std::make_shared<PrefixStore>("id-" + hexOf(id.commId.data(), 8), client);

@@ -4,8 +4,10 @@
 //   - From the environment (launcher_env.hpp): rank 0 hosts the store on MASTER_PORT; the job key
 //     comes from LOOM_JOB_KEY or the job's identity; each communicator made from the environment in
 //     a process gets its own namespace (the n-th one made by every rank shares the n-th namespace).
-// Stores hosted by a process stay up until it exits, so that no rank's early exit pulls the store
-// away from ranks still joining.
+// A store made for a unique id stays up while a communicator of its process that joined with the
+// id exists (or until exit, if no communicator of that process joins); a store hosted from the
+// environment stays up until the process exits. Joining ends only once every rank is connected,
+// so no rank still needs a store that goes away.
 #pragma once
 
 #include <chrono>

@@ -3,6 +3,7 @@
 // inputs chosen so that every reduction order gives the same bits (small integers), and within
 // one unit in the last place of the type for float averages (one division). Plus random floats
 // with a tolerance, several collectives in flight, long runs, and mismatched or bad arguments.
+#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -370,6 +371,62 @@ TEST(Collectives, AllReduce64MiB) {
       runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Sum, 16u << 20, false, 0});
     });
   }
+}
+
+// 64 MiB buffers for every collective, on a non-power-of-two world, roots last.
+TEST(Collectives, Every64MiBCollective) {
+  const int n = 3;
+  loomtest::runOk(n, [&](loom::Communicator& c) {
+    const size_t whole = 16u << 20;  // float32 elements in 64 MiB
+    runCase(c, "broadcast", Case{DataType::Float32, ReduceOp::Sum, whole, false, n - 1});
+    runCase(c, "reduce", Case{DataType::Float32, ReduceOp::Sum, whole, true, n - 1});
+    // The per-rank block of the gathering and scattering collectives: 64 MiB in all.
+    runCase(c, "all_gather", Case{DataType::Float32, ReduceOp::Sum, whole / n, false, 0});
+    runCase(c, "reduce_scatter", Case{DataType::Float32, ReduceOp::Max, whole / n, false, 0});
+    runCase(c, "all_to_all", Case{DataType::Float32, ReduceOp::Sum, whole / n, false, 0});
+  });
+}
+
+namespace {
+size_t countEntries(const char* dir) {
+  size_t n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+size_t residentKiB() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  long pages = 0, rss = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+    std::fclose(f);
+  }
+  return static_cast<size_t>(rss) * 4;
+}
+}  // namespace
+
+// Thousands of collectives back to back leave no file descriptor, thread or memory behind:
+// measured after a warm-up round, compared after the long run.
+TEST(Collectives, LongRunsLeakNothing) {
+  auto round = [](int iterations) {
+    loomtest::runOk(3, [&](loom::Communicator& c) {
+      std::vector<float> a(1000, 1.0f), b(3000);
+      for (int it = 0; it < iterations; ++it) {
+        c.allReduce(a.data(), a.data(), a.size(), DataType::Float32, ReduceOp::Max);
+        c.allGather(a.data(), b.data(), a.size(), DataType::Float32);
+        auto w = c.ibroadcast(a.data(), a.data(), a.size(), DataType::Float32, it % 3);
+        w.wait();
+      }
+    });
+  };
+  round(50);  // warm-up: allocators, scratch buffers, the op queue's thread
+  const size_t fds = countEntries("/proc/self/fd"), threads = countEntries("/proc/self/task"), rss = residentKiB();
+  round(2000);
+  EXPECT_EQ(countEntries("/proc/self/fd"), fds) << "file descriptors leaked";
+  EXPECT_EQ(countEntries("/proc/self/task"), threads) << "threads leaked";
+  EXPECT_LT(residentKiB(), rss + 32 * 1024) << "resident memory grew by more than 32 MiB";
 }
 
 // Regression: with one recv call per event the read budget runs out on every event; bytes already
