@@ -18,6 +18,12 @@
 
 namespace loomtest {
 
+/// Every datatype Loom supports, for tests that loop over them.
+inline constexpr loom::DataType kAllTypes[] = {
+    loom::DataType::Int8,    loom::DataType::Uint8,   loom::DataType::Int32,   loom::DataType::Uint32,
+    loom::DataType::Int64,   loom::DataType::Uint64,  loom::DataType::Float16, loom::DataType::Float32,
+    loom::DataType::Float64, loom::DataType::Bfloat16};
+
 struct RankResult {
   std::string error;
 };

@@ -19,9 +19,6 @@ using loom::ReduceOp;
 
 namespace {
 
-const DataType kTypes[] = {DataType::Int8,    DataType::Uint8,   DataType::Int32,   DataType::Uint32,
-                           DataType::Int64,   DataType::Uint64,  DataType::Float16, DataType::Float32,
-                           DataType::Float64, DataType::Bfloat16};
 const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg};
 
 bool isFloat(DataType t) {
@@ -310,7 +307,7 @@ TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
     for (const char* coll : kColls) {
       const bool reduces =
           std::string(coll) != "broadcast" && std::string(coll) != "all_gather" && std::string(coll) != "all_to_all";
-      for (DataType t : kTypes)
+      for (DataType t : loomtest::kAllTypes)
         for (ReduceOp op : kOps) {
           if (!reduces && op != ReduceOp::Sum) continue;
           for (size_t count : {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{1021}, static_cast<size_t>(n - 1)})

@@ -14,10 +14,6 @@ using loomtest::runOk;
 
 namespace {
 
-const DataType kAllTypes[] = {DataType::Int8,    DataType::Uint8,   DataType::Int32,   DataType::Uint32,
-                              DataType::Int64,   DataType::Uint64,  DataType::Float16, DataType::Float32,
-                              DataType::Float64, DataType::Bfloat16};
-
 // Every rank exchanges one message with every other rank (and itself), all posted at once.
 void allPairs(loom::Communicator& c, size_t count, DataType type, int msg) {
   const int n = c.size(), me = c.rank();
@@ -49,7 +45,7 @@ TEST_P(WorldSize, EveryPairEveryTypeAndSize) {
   const size_t counts[] = {0, 1, 2, 7, 13, 1021, 65537, (1u << 18) + 3};
   runOk(GetParam(), [&](loom::Communicator& c) {
     int msg = 0;
-    for (DataType t : kAllTypes)
+    for (DataType t : loomtest::kAllTypes)
       for (size_t n : counts) allPairs(c, n, t, msg++);
   });
 }
