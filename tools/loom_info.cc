@@ -39,11 +39,13 @@ void printAlgos() {
   const auto model = loom::coll::costModelFromEnv();
   const std::string forced = loom::coll::algoOverrideFromEnv();
   std::printf("Algorithm chosen per collective, message size (whole buffer) and world size\n");
-  std::printf("(cost model: %.0f us per step, %.2f GB/s per link, %zu-byte chunks; LOOM_ALGO=\"%s\")\n\n",
-              model.latencyUs, model.gbps, model.chunkBytes, forced.c_str());
-  const int ranks[] = {2, 3, 4, 8, 16, 64};
-  const size_t sizes[] = {8, 1024, 64 * 1024, 1 << 20, 16 << 20, 256 << 20};
-  const char* sizeNames[] = {"8B", "1K", "64K", "1M", "16M", "256M"};
+  std::printf(
+      "(cost model: %.0f us per step, %.2f GB/s per link, reduction %.1f GB/s, %zu-byte ring chunks, %zu-byte tree "
+      "chunks; LOOM_ALGO=\"%s\")\n\n",
+      model.latencyUs, model.gbps, model.reduceGbps, model.chunkBytes, model.treeChunkBytes, forced.c_str());
+  const int ranks[] = {2, 3, 4, 8, 16, 32, 64, 256};
+  const size_t sizes[] = {8, 1024, 64 * 1024, 256 * 1024, 1 << 20, 4 << 20, 16 << 20, 256 << 20};
+  const char* sizeNames[] = {"8B", "1K", "64K", "256K", "1M", "4M", "16M", "256M"};
   for (Coll c :
        {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll}) {
     std::printf("%-15s", loom::coll::collName(c));

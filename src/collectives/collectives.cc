@@ -50,7 +50,12 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
   const size_t bytes = (kind == Coll::AllGather || kind == Coll::ReduceScatter || kind == Coll::AllToAll)
                            ? a.count * a.elem * static_cast<size_t>(c.size())
                            : a.count * a.elem;
-  const Algo algo = coll::selectAlgo(kind, bytes, c.size(), coll::costModelFromEnv(), coll::algoOverrideFromEnv());
+  coll::CostModel model = coll::costModelFromEnv();
+  if (const auto& link = c.link()) {  // measured at init (LOOM_TUNE)
+    model.latencyUs = link->latencyUs;
+    model.gbps = link->gbps;
+  }
+  const Algo algo = coll::selectAlgo(kind, bytes, c.size(), model, coll::algoOverrideFromEnv());
   auto body = [&c, kind, a, algo](int64_t seq) {
     coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo));
     switch (kind) {

@@ -29,46 +29,64 @@ class Context {
  public:
   /// `name` ("all_reduce") and `algo` ("ring") appear in timeout and error messages.
   Context(detail::CommImpl& comm, int64_t seq, const char* name, const char* algo)
-      : comm_(comm), seq_(seq), name_(name), algo_(algo), tag_(detail::collectiveTag(seq)) {}
+      : comm_(comm), seq_(seq), name_(name), algo_(algo) {}
 
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
   int64_t seq() const { return seq_; }
 
-  RequestPtr send(int peer, const void* p, size_t bytes);
-  RequestPtr recv(int peer, void* p, size_t bytes);
+  /// Messages of this collective on `channel` (0 to kMaxChannels-1): each channel has its own tag.
+  RequestPtr send(int peer, const void* p, size_t bytes, int channel = 0);
+  RequestPtr recv(int peer, void* p, size_t bytes, int channel = 0);
   /// Waits for a request of this collective (the communicator's timeout applies). A receive that
   /// got fewer bytes than the algorithm expects means the ranks called mismatched collectives:
   /// that fails the communicator with a message naming the collective and the peer.
   void wait(const RequestPtr& r);
   void waitAll(std::vector<RequestPtr>& rs) {
-    for (auto& r : rs) r->wait();
+    for (auto& r : rs) wait(r);
     rs.clear();
   }
   /// Scratch memory for this collective; slots are separate buffers.
   uint8_t* scratch(size_t bytes, int slot = 0) { return comm_.scratch(bytes, slot); }
-  /// Elements per pipelined chunk for this datatype (LOOM_CHUNK_BYTES).
+  /// Elements per pipelined chunk of the ring and chain algorithms (LOOM_CHUNK_BYTES).
   size_t chunkElems(size_t elem) const;
+  /// Elements per pipelined chunk of the tree algorithms (LOOM_TREE_CHUNK_BYTES).
+  size_t treeChunkElems(size_t elem) const;
+  /// Parallel rings for a ring collective moving `bytes` in all (LOOM_RING_CHANNELS).
+  int ringChannels(size_t bytes) const;
 
  private:
   detail::CommImpl& comm_;
   const int64_t seq_;
   const char* name_;
   const char* algo_;
-  const uint32_t tag_;
 };
 
-// ---- Algorithms (algorithms.cc). Each leaves the result where the collective's contract says. ----
+inline const uint8_t* cbytes(const void* p) { return static_cast<const uint8_t*>(p); }
+inline uint8_t* bytes(void* p) { return static_cast<uint8_t*>(p); }
+/// memcpy unless in place.
+void copyIfDistinct(void* dst, const void* src, size_t n);
+
+// ---- Algorithms, one file each. Each leaves the result where the collective's contract says. ----
+// Results are bitwise identical on every rank: each element is reduced along one fixed order (a
+// ring, a tree, or rank order) and then copied, never reduced twice differently.
+
+// ring.cc: reduce-scatter then all-gather around `ringChannels` parallel rings, pipelined in chunks.
 
 void allReduceRing(Context& c, const Args& a);
-void allReduceRecursiveDoubling(Context& c, const Args& a);
-void allReduceDoubleTree(Context& c, const Args& a);
-void broadcastBinomial(Context& c, const Args& a);
-void broadcastChain(Context& c, const Args& a);
-void reduceBinomial(Context& c, const Args& a);
 void reduceRing(Context& c, const Args& a);
 void allGatherRing(Context& c, const Args& a);
 void reduceScatterRing(Context& c, const Args& a);
+// recursive_doubling.cc: log2(n) exchanges of the whole buffer; for latency-bound sizes.
+void allReduceRecursiveDoubling(Context& c, const Args& a);
+// double_tree.cc: two complementary binary trees, each reducing and broadcasting half, pipelined.
+void allReduceDoubleTree(Context& c, const Args& a);
+// binomial.cc: pipelined binomial-tree broadcast and reduce.
+void broadcastBinomial(Context& c, const Args& a);
+void reduceBinomial(Context& c, const Args& a);
+// chain.cc: pipelined chain broadcast root -> root+1 -> ... -> root-1.
+void broadcastChain(Context& c, const Args& a);
+// pairwise.cc: all-to-all, every pair exchanging its block directly.
 void allToAllPairwise(Context& c, const Args& a);
 
 }  // namespace coll

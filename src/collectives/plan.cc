@@ -1,5 +1,7 @@
 #include "collectives/plan.hpp"
 
+#include <algorithm>
+
 namespace loom {
 
 namespace {
@@ -45,6 +47,20 @@ int ringRecvSegment(int rank, int size, int step, int shift) { return mod(rank -
 int ringOwnedSegment(int rank, int size, int shift) { return mod(rank + 1 + shift, size); }
 int ringGatherSend(int rank, int size, int step, int shift) { return mod(rank + 1 - step + shift, size); }
 int ringGatherRecv(int rank, int size, int step, int shift) { return mod(rank - step + shift, size); }
+
+RingView planRing(int rank, int size, int channel) {
+  if (channel % 2 == 0) return {rank, mod(rank + 1, size), mod(rank - 1, size)};
+  return {mod(size - rank, size), mod(rank - 1, size), mod(rank + 1, size)};
+}
+
+int ringRankAt(int pos, int size, int channel) { return channel % 2 == 0 ? mod(pos, size) : mod(size - pos, size); }
+
+int planChannelCount(size_t bytes, int size, int maxChannels, size_t minSegmentBytes) {
+  if (maxChannels <= 1 || size <= 1) return 1;
+  const size_t perRank = bytes / static_cast<size_t>(size);
+  const size_t fit = minSegmentBytes == 0 ? static_cast<size_t>(maxChannels) : perRank / minSegmentBytes;
+  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(fit, static_cast<size_t>(maxChannels))));
+}
 
 TreeNode planBinomialTree(int rank, int size, int root) {
   TreeNode node;

@@ -39,6 +39,21 @@ int ringSendSegment(int rank, int size, int step, int shift);
 int ringRecvSegment(int rank, int size, int step, int shift);
 int ringOwnedSegment(int rank, int size, int shift);
 
+/// One ring of a multi-channel ring algorithm. Even channels run in rank order (r sends to r + 1),
+/// odd channels in reverse (r sends to r - 1), so that both directions of every link carry data.
+/// `pos` is the rank's place in this ring: the ring functions above and below take it as "rank".
+struct RingView {
+  int pos;
+  int next;  ///< the rank this one sends to
+  int prev;  ///< the rank this one receives from
+};
+RingView planRing(int rank, int size, int channel);
+/// The rank at place `pos` of channel `channel`'s ring.
+int ringRankAt(int pos, int size, int channel);
+/// How many channels a ring collective moving `bytes` (the whole buffer) on `size` ranks uses: up
+/// to `maxChannels`, while every channel's per-rank segment keeps at least `minSegmentBytes`.
+int planChannelCount(size_t bytes, int size, int maxChannels, size_t minSegmentBytes);
+
 /// Ring all-gather after a reduce-scatter with the same shift: at step s rank r sends segment
 /// ringGatherSend and receives ringGatherRecv.
 int ringGatherSend(int rank, int size, int step, int shift);

@@ -10,7 +10,7 @@ namespace coll {
 namespace {
 
 LOOM_PARAM_STR(algoParam, "LOOM_ALGO", "",
-               "force algorithms: ring|rd|tree|chain|pairwise, or per collective allreduce:rd,...");
+               "force algorithms: ring|rd|dbtree|tree|chain|pairwise, or per collective allreduce:dbtree,...");
 LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 25, "cost model: microseconds per message step over TCP");
 LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
 LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the CPU reduction kernel");
@@ -18,7 +18,7 @@ LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the 
 std::vector<Algo> candidates(Coll c) {
   switch (c) {
     case Coll::AllReduce:
-      return {Algo::Ring, Algo::RecursiveDoubling};
+      return {Algo::Ring, Algo::RecursiveDoubling, Algo::DoubleTree};
     case Coll::Broadcast:
       return {Algo::Chain, Algo::Binomial};
     case Coll::Reduce:
@@ -107,6 +107,7 @@ CostModel costModelFromEnv() {
   m.gbps = static_cast<double>(bandwidthParam()) / 1000.0;
   m.reduceGbps = static_cast<double>(std::max<int64_t>(1, reduceParam())) / 1000.0;
   m.chunkBytes = static_cast<size_t>(std::max<int64_t>(4096, envInt("LOOM_CHUNK_BYTES", 512 * 1024)));
+  m.treeChunkBytes = static_cast<size_t>(std::max<int64_t>(4096, envInt("LOOM_TREE_CHUNK_BYTES", 64 * 1024)));
   return m;
 }
 
@@ -147,11 +148,12 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
     case Algo::Pairwise:
       return (N - 1) * (a_ + S / N * b);
     case Algo::DoubleTree: {
-      // Up and down a tree of depth log2(n), pipelined in chunks; each half of the data crosses
-      // each link once each way, and the two trees share the links.
-      double chunks = std::max(1.0, std::ceil(S / 2 / static_cast<double>(m.chunkBytes)));
+      // Up and down trees of depth log2(n), pipelined in chunks: filling the pipeline costs 2 log2(n)
+      // chunk steps; then the busiest rank (interior in one tree, a leaf in the other) sends and
+      // receives 2S in all, and pays the per-message latency once per chunk.
+      double chunks = std::max(1.0, std::ceil(S / 2 / static_cast<double>(m.treeChunkBytes)));
       double chunk = S / 2 / chunks;
-      return (2 * logn + chunks - 1) * (a_ + chunk * b) + S * b + S / 2 * g;
+      return 2 * logn * (a_ + chunk * b) + 2 * S * b + chunks * a_ + S / 2 * g;
     }
   }
   return 0;

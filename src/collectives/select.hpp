@@ -19,10 +19,11 @@ const char* collName(Coll c);  ///< "all_reduce", ...
 const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise", "dbtree"
 
 struct CostModel {
-  double latencyUs = 25.0;  ///< per message step
-  double gbps = 1.5;        ///< GB/s per link
-  double reduceGbps = 10;   ///< GB/s of the reduction kernel (counted where it cannot overlap the network)
-  size_t chunkBytes = 512 * 1024;
+  double latencyUs = 25.0;            ///< per message step
+  double gbps = 1.5;                  ///< GB/s per link
+  double reduceGbps = 10;             ///< GB/s of the reduction kernel (counted where it cannot overlap the network)
+  size_t chunkBytes = 512 * 1024;     ///< LOOM_CHUNK_BYTES: ring and chain pipelines
+  size_t treeChunkBytes = 64 * 1024;  ///< LOOM_TREE_CHUNK_BYTES: double-tree pipeline
 };
 
 /// The model from the environment.

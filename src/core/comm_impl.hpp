@@ -12,6 +12,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,9 +26,21 @@
 namespace loom {
 namespace detail {
 
-/// Tags at or above this value belong to collectives; user tags stay below.
+/// Tags at or above this value belong to collectives; user tags stay below. A collective's tag
+/// also carries its channel (bits 28-30), so that the channels of one collective never match each
+/// other's messages, and the low 28 bits of its sequence number (collectives in flight at once are
+/// far fewer than 2^28 apart).
 constexpr uint32_t kCollectiveTagBit = 0x80000000u;
-inline uint32_t collectiveTag(int64_t seq) { return kCollectiveTagBit | static_cast<uint32_t>(seq & 0x7fffffff); }
+constexpr int kMaxChannels = 8;
+inline uint32_t collectiveTag(int64_t seq, int channel = 0) {
+  return kCollectiveTagBit | (static_cast<uint32_t>(channel) & 7u) << 28 | static_cast<uint32_t>(seq & 0x0fffffff);
+}
+
+/// What the cost model knows about this communicator's links, when measured (LOOM_TUNE).
+struct LinkModel {
+  double latencyUs = 0;  ///< one-way, per message
+  double gbps = 0;       ///< GB/s one way
+};
 
 class CommImpl : public Progressable {
  public:
@@ -66,6 +79,10 @@ class CommImpl : public Progressable {
   void beginPolling(int peer) noexcept override;
   void endPolling(int peer) noexcept override;
 
+  // ---- Cost model inputs measured at init (collectives/tune.hpp); unset unless LOOM_TUNE. ----
+  void setLink(const LinkModel& m) { link_ = m; }
+  const std::optional<LinkModel>& link() const { return link_; }
+
   // ---- Errors and lifetime. ----
   void abort();
   /// Throws the failure that marked this communicator failed, if any.
@@ -95,6 +112,7 @@ class CommImpl : public Progressable {
   std::atomic<int64_t> nextSeq_{0};
   std::atomic<bool> aborted_{false};
   std::vector<uint8_t> scratch_[kScratchSlots];
+  std::optional<LinkModel> link_;  // set once, right after joining, before any user call
 };
 
 }  // namespace detail

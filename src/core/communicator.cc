@@ -3,6 +3,7 @@
 
 #include "bootstrap/launcher_env.hpp"
 #include "bootstrap/rendezvous.hpp"
+#include "collectives/tune.hpp"
 #include "core/comm_impl.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
@@ -113,6 +114,7 @@ Communicator::Communicator(int rank, int size, const UniqueId& id, const Options
   Deadline deadline(initTimeoutOf(options));
   auto access = connectWithUniqueId(f, rank, deadline, opTimeoutOf(options));
   impl_ = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options, "unique id");
+  coll::tuneLinksIfAsked(*impl_);
 }
 
 Communicator Communicator::fromEnv(const Options& options) {
@@ -121,9 +123,11 @@ Communicator Communicator::fromEnv(const Options& options) {
   for (const auto& [field, value] : launch.provenance) LOOM_TRACE("launch: %s = %s", field.c_str(), value.c_str());
   Deadline deadline(initTimeoutOf(options));
   auto access = connectFromLaunch(launch, deadline, opTimeoutOf(options));
-  return Communicator(std::make_unique<detail::CommImpl>(
+  auto impl = std::make_unique<detail::CommImpl>(
       launch.rank, launch.size, std::move(access), options,
-      strFormat("launcher %s, store at %s:%d", launch.launcher.c_str(), launch.masterAddr.c_str(), launch.masterPort)));
+      strFormat("launcher %s, store at %s:%d", launch.launcher.c_str(), launch.masterAddr.c_str(), launch.masterPort));
+  coll::tuneLinksIfAsked(*impl);
+  return Communicator(std::move(impl));
 }
 
 Communicator::Communicator(Communicator&&) noexcept = default;

@@ -293,6 +293,30 @@ class EnvGuard {
   std::string old_;
 };
 
+// Forces algorithms for one test: LOOM_ALGO's text, optionally followed by "+N" to run the ring
+// algorithms over N channels whatever the size (LOOM_RING_CHANNELS, no minimum segment); without
+// it the channels are the defaults (one for small buffers, more for large ones).
+class AlgoGuard {
+ public:
+  explicit AlgoGuard(const std::string& spec) : algo_("LOOM_ALGO", spec.substr(0, spec.find('+'))) {
+    if (spec.find('+') != std::string::npos) {
+      channels_.emplace("LOOM_RING_CHANNELS", spec.substr(spec.find('+') + 1));
+      minBytes_.emplace("LOOM_RING_CHANNEL_MIN_BYTES", "0");
+    }
+  }
+
+ private:
+  EnvGuard algo_;
+  std::optional<EnvGuard> channels_, minBytes_;
+};
+
+std::string algoTestName(std::string a) {
+  if (a.empty()) a = "auto";
+  for (auto& ch : a)
+    if (ch == ',' || ch == '+') ch = '_';
+  return a;
+}
+
 const char* kColls[] = {"all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"};
 
 }  // namespace
@@ -302,7 +326,7 @@ class SmallMatrix : public ::testing::TestWithParam<std::tuple<int, const char*>
 
 TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
   const int n = std::get<0>(GetParam());
-  EnvGuard algo("LOOM_ALGO", std::get<1>(GetParam()));
+  AlgoGuard algo(std::get<1>(GetParam()));
   loomtest::runOk(n, [&](loom::Communicator& c) {
     for (const char* coll : kColls) {
       const bool reduces =
@@ -323,13 +347,10 @@ TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
 
 INSTANTIATE_TEST_SUITE_P(Collectives, SmallMatrix,
                          ::testing::Combine(::testing::Range(1, 9),
-                                            ::testing::Values("", "ring", "rd,tree", "dbtree", "chain")),
+                                            ::testing::Values("", "ring", "ring+3", "rd,tree", "dbtree", "chain")),
                          [](const auto& info) {
-                           std::string a = std::get<1>(info.param);
-                           if (a.empty()) a = "auto";
-                           for (auto& ch : a)
-                             if (ch == ',') ch = '_';
-                           return std::to_string(std::get<0>(info.param)) + "ranks_" + a;
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  algoTestName(std::get<1>(info.param));
                          });
 
 // Large counts (several chunks per segment) for a few types, every algorithm.
@@ -337,7 +358,7 @@ class LargeCounts : public ::testing::TestWithParam<std::tuple<int, const char*>
 
 TEST_P(LargeCounts, EveryCollective) {
   const int n = std::get<0>(GetParam());
-  EnvGuard algo("LOOM_ALGO", std::get<1>(GetParam()));
+  AlgoGuard algo(std::get<1>(GetParam()));
   loomtest::runOk(n, [&](loom::Communicator& c) {
     for (const char* coll : kColls)
       for (auto [t, op] : {std::pair{DataType::Float32, ReduceOp::Sum}, std::pair{DataType::Int64, ReduceOp::Max},
@@ -354,18 +375,31 @@ TEST_P(LargeCounts, EveryCollective) {
 
 INSTANTIATE_TEST_SUITE_P(Collectives, LargeCounts,
                          ::testing::Combine(::testing::Values(2, 3, 5, 8),
-                                            ::testing::Values("ring", "rd,tree", "dbtree")),
+                                            ::testing::Values("ring", "ring+4", "rd,tree", "dbtree")),
                          [](const auto& info) {
-                           std::string a = std::get<1>(info.param);
-                           for (auto& ch : a)
-                             if (ch == ',') ch = '_';
-                           return std::to_string(std::get<0>(info.param)) + "ranks_" + a;
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  algoTestName(std::get<1>(info.param));
                          });
 
 TEST(Collectives, AllReduce64MiB) {
   for (int n : {2, 4}) {
     loomtest::runOk(n, [&](loom::Communicator& c) {
       runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Sum, 16u << 20, false, 0});
+    });
+  }
+}
+
+// With links measured at init (LOOM_TUNE=1) every rank must still pick the same algorithm for every
+// call (the measurements are agreed on), or the collectives below would mismatch or hang.
+TEST(Collectives, MeasuredLinksGiveOneChoiceOnEveryRank) {
+  EnvGuard tune("LOOM_TUNE", "1");
+  for (int n : {3, 4}) {
+    loomtest::runOk(n, [&](loom::Communicator& c) {
+      for (size_t count : {size_t{1}, size_t{300}, size_t{16384}, size_t{1} << 18, (size_t{1} << 20) + 3}) {
+        runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Sum, count, false, 0});
+        runCase(c, "broadcast", Case{DataType::Int32, ReduceOp::Sum, count, true, n - 1});
+        runCase(c, "reduce", Case{DataType::Float64, ReduceOp::Max, count, false, n - 1});
+      }
     });
   }
 }

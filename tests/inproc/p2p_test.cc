@@ -2,6 +2,7 @@
 // limit, world sizes 1 to 8, both directions at once, many messages in flight, tags, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -109,6 +110,52 @@ TEST(P2P, TagsMatchIndependently) {
       wa.wait();
       EXPECT_EQ(a, std::vector<int32_t>(10, 1));
       EXPECT_EQ(b, std::vector<int32_t>(100000, 2));
+    }
+  });
+}
+
+// Receives posted before the sends tell the sender so (READY hints), and large messages then skip
+// the RTS/CTS round trip. The hints must follow the matching order exactly: several receives
+// waiting on one tag, a small message consuming a large receive, a message too large for the
+// hint, receives posted late (no hint) and a hint racing its send.
+TEST(P2P, ReadyHintsFollowMatchingOrder) {
+  auto fill = [](std::vector<uint8_t>& v, int seed) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(seed * 31 + i * 7);
+  };
+  const size_t sizes[] = {100, 280 << 10, 300 << 10, 1536 << 10, 200 << 10, 500 << 10};
+  const uint32_t tags[] = {7, 7, 7, 8, 7, 9};
+  runOk(2, [&](loom::Communicator& c) {
+    std::vector<std::vector<uint8_t>> msg(6);
+    for (int m = 0; m < 6; ++m) {
+      msg[m].resize(sizes[m]);
+      fill(msg[m], m);
+    }
+    if (c.rank() == 0) {
+      c.barrier();  // 1. the first four receives are posted (and hinted) by now
+      for (int m = 0; m < 4; ++m) c.send(msg[m].data(), sizes[m], DataType::Uint8, 1, tags[m]);
+      auto early = c.isend(msg[4].data(), sizes[4], DataType::Uint8, 1, tags[4]);  // 2. before its receive
+      c.barrier();
+      c.send(msg[5].data(), sizes[5], DataType::Uint8, 1, tags[5]);  // 3. races its hint
+      early.wait();
+    } else {
+      std::vector<std::vector<uint8_t>> in(6);
+      const size_t capacity[] = {300 << 10, 300 << 10, 300 << 10, 2 << 20, 200 << 10, 500 << 10};
+      std::vector<loom::Work> w;
+      for (int m = 0; m < 4; ++m) {
+        in[m].assign(capacity[m], 0);
+        w.push_back(c.irecv(in[m].data(), capacity[m], DataType::Uint8, 0, tags[m]));
+      }
+      c.barrier();
+      c.barrier();
+      for (int m = 4; m < 6; ++m) {
+        in[m].assign(capacity[m], 0);
+        w.push_back(c.irecv(in[m].data(), capacity[m], DataType::Uint8, 0, tags[m]));
+      }
+      for (int m = 0; m < 6; ++m) {
+        w[m].wait();
+        ASSERT_EQ(w[m].bytes(), sizes[m]) << "message " << m;
+        EXPECT_TRUE(std::equal(msg[m].begin(), msg[m].end(), in[m].begin())) << "message " << m;
+      }
     }
   });
 }

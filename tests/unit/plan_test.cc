@@ -82,6 +82,36 @@ TEST(Plan, RingScheduleIsConsistent) {
     }
 }
 
+// Every channel's ring visits every rank once; neighbours agree (my next's prev is me); positions
+// are consecutive along the ring; odd channels run the other way round from even ones.
+TEST(Plan, ChannelRingsAreRingsInAlternatingDirections) {
+  for (int n = 1; n <= 64; ++n)
+    for (int ch = 0; ch < 4; ++ch) {
+      std::vector<int> seen(n, 0);
+      for (int r = 0; r < n; ++r) {
+        loom::RingView v = loom::planRing(r, n, ch);
+        ASSERT_GE(v.pos, 0);
+        ASSERT_LT(v.pos, n);
+        seen[v.pos]++;
+        EXPECT_EQ(loom::ringRankAt(v.pos, n, ch), r);
+        EXPECT_EQ(loom::planRing(v.next, n, ch).prev, r);
+        EXPECT_EQ(loom::planRing(v.next, n, ch).pos, (v.pos + 1) % n);
+        EXPECT_EQ(v.next, ch % 2 == 0 ? (r + 1) % n : (r + n - 1) % n);
+      }
+      for (int s : seen) EXPECT_EQ(s, 1);
+    }
+}
+
+TEST(Plan, ChannelCountKeepsSegmentsLargeEnough) {
+  EXPECT_EQ(loom::planChannelCount(1 << 20, 4, 1, 64 << 10), 1);
+  EXPECT_EQ(loom::planChannelCount(1 << 20, 1, 4, 64 << 10), 1);
+  EXPECT_EQ(loom::planChannelCount(0, 4, 4, 64 << 10), 1);
+  EXPECT_EQ(loom::planChannelCount(256 << 10, 4, 4, 64 << 10), 1);  // 64 KiB per rank: one channel
+  EXPECT_EQ(loom::planChannelCount(512 << 10, 4, 4, 64 << 10), 2);  // 128 KiB per rank: two of 64 KiB
+  EXPECT_EQ(loom::planChannelCount(64 << 20, 4, 4, 64 << 10), 4);   // capped
+  EXPECT_EQ(loom::planChannelCount(64 << 20, 8, 16, 0), 16);        // no minimum
+}
+
 TEST(Plan, BinomialTreeParentsAndChildrenAgree) {
   for (int n = 1; n <= 64; ++n)
     for (int root : {0, n / 2, n - 1}) {

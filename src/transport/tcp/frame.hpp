@@ -7,6 +7,12 @@
 //                                        posted (or rejects it: too large for the receive) ...
 //   DATA  (seq, offset, len) + payload   ... and the sender stripes the payload over all sockets,
 //                                        straight into the receiver's buffer.
+//   READY (tag, seq, capacity, ahead)    a hint from the receiver: a receive of `capacity` bytes
+//                                        is posted for tag; it will match the (ahead+1)-th message
+//                                        on that tag from sequence number `seq` on. A sender whose
+//                                        next large message is that one sends it EAGER, saving the
+//                                        RTS/CTS round trip. Only a hint: a wrong guess costs a copy
+//                                        through the unexpected queue, never correctness.
 //
 // Fields are little-endian. Everything read from the wire is checked before use.
 #pragma once
@@ -25,7 +31,7 @@ constexpr size_t kHeaderBytes = 32;
 /// The largest EAGER payload a receiver accepts, whatever the sender's configuration.
 constexpr uint64_t kMaxEagerBytes = 1u << 20;
 
-enum class FrameType : uint8_t { Eager = 1, Rts = 2, Cts = 3, Data = 4 };
+enum class FrameType : uint8_t { Eager = 1, Rts = 2, Cts = 3, Data = 4, Ready = 5 };
 
 struct FrameHeader {
   uint16_t magic = kFrameMagic;
@@ -33,8 +39,8 @@ struct FrameHeader {
   uint8_t flags = 0;  // CTS: 1 = accepted
   uint32_t tag = 0;
   uint64_t seq = 0;
-  uint64_t a = 0;  // EAGER/RTS: message bytes; DATA: offset
-  uint64_t b = 0;  // DATA: payload length
+  uint64_t a = 0;  // EAGER/RTS: message bytes; DATA: offset; READY: capacity
+  uint64_t b = 0;  // DATA: payload length; READY: receives posted ahead of this one
 };
 static_assert(sizeof(FrameHeader) == kHeaderBytes, "frame header layout");
 

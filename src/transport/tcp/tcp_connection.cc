@@ -28,6 +28,8 @@ constexpr int kMaxIov = 64;
 // rest to the send engine.
 constexpr size_t kReaderWriteBudget = 64 * 1024;
 constexpr size_t kUnlimited = SIZE_MAX;
+// Sends remembered to judge READY hints against: a hint older than this many sends is dropped.
+constexpr size_t kRecentSends = 256;
 
 }  // namespace
 
@@ -141,7 +143,12 @@ void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, 
   h.seq = op->seq;
   h.a = bytes;
   Stream& s0 = *streams_[0];
-  if (bytes <= options_.eagerBytes) {
+  // Every send consumes the hint meant for it, so that hints for small messages do not pile up.
+  const bool hinted = !readyHints_.empty() && takeReadyHintLocked(tag, bytes);
+  const bool eager = bytes <= options_.eagerBytes || hinted;
+  recentSends_.emplace_back(op->seq, tag);
+  if (recentSends_.size() > kRecentSends) recentSends_.pop_front();
+  if (eager) {
     h.type = static_cast<uint8_t>(FrameType::Eager);
     op->framesLeft = 1;
     enqueueLocked(s0, h, op->buf, bytes, op);
@@ -153,6 +160,34 @@ void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, 
   // The caller writes what the socket takes at once; the send engine does the rest.
   Status st = flush(s0, lock, kUnlimited);
   if (!st.ok) failFrom(st, lock);
+}
+
+size_t TcpConnection::sendsOnTagSinceLocked(uint32_t tag, uint64_t from) const {
+  if (from < nextSendSeq_ && (recentSends_.empty() || recentSends_.front().first > from)) return SIZE_MAX;
+  size_t n = 0;
+  for (auto it = recentSends_.rbegin(); it != recentSends_.rend() && it->first >= from; ++it)
+    if (it->second == tag) ++n;
+  return n;
+}
+
+bool TcpConnection::takeReadyHintLocked(uint32_t tag, size_t bytes) {
+  auto it = readyHints_.find(tag);
+  if (it == readyHints_.end()) return false;
+  bool ready = false;
+  auto& q = it->second;
+  while (!q.empty()) {
+    // The hinted receive matches the (ahead+1)-th message on the tag from fromSeq on; this send is
+    // the (n+1)-th. Fewer: it is for an earlier receive, keep the hint; more: the hinted receive
+    // was matched already (or the record is too short to tell), drop it.
+    const ReadyHint& h = q.front();
+    size_t n = sendsOnTagSinceLocked(tag, h.fromSeq);
+    if (n != SIZE_MAX && n < h.ahead) break;
+    if (n == h.ahead) ready = bytes <= h.capacity && bytes <= options_.readyBytes;
+    q.pop_front();
+    if (n == h.ahead) break;
+  }
+  if (q.empty()) readyHints_.erase(it);
+  return ready;
 }
 
 void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept {
@@ -182,7 +217,20 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   } else if (closed_) {
     req->fail(closedStatus_);
   } else {
-    posted_[tag].push_back(op);
+    auto& q = posted_[tag];
+    q.push_back(op);
+    if (bytes > options_.eagerBytes && options_.readyBytes > 0) {
+      // Tell the sender this receive is waiting, so that it can skip the RTS/CTS round trip.
+      FrameHeader h;
+      h.type = static_cast<uint8_t>(FrameType::Ready);
+      h.tag = tag;
+      h.seq = nextRecvSeq_;
+      h.a = bytes;
+      h.b = q.size() - 1;
+      enqueueLocked(*streams_[0], h, nullptr, 0, nullptr);
+      Status st = flush(*streams_[0], lock, kUnlimited);
+      if (!st.ok) failFrom(st, lock);
+    }
   }
 }
 
@@ -396,6 +444,22 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       }
       // The receive thread must not stall on big writes: the send engine writes the slices.
       for (size_t i = 0; i < nstreams; ++i) armLocked(*streams_[i], true);
+      return Status::success();
+    }
+    case FrameType::Ready: {
+      if (!control) return malformed("READY on a data stream");
+      if (h.seq > nextSendSeq_) return malformed("READY from the future");
+      // A hint whose receive was matched by a message already sent is stale on arrival.
+      size_t n = sendsOnTagSinceLocked(h.tag, h.seq);
+      if (n != SIZE_MAX && n <= h.b) readyHints_[h.tag].push_back(ReadyHint{h.seq, h.b, h.a});
+      // Hints for messages never sent (mismatched calls) go once they fall out of the record.
+      if (readyHints_.size() > kRecentSends) {
+        for (auto it = readyHints_.begin(); it != readyHints_.end();) {
+          while (!it->second.empty() && sendsOnTagSinceLocked(it->first, it->second.front().fromSeq) == SIZE_MAX)
+            it->second.pop_front();
+          it = it->second.empty() ? readyHints_.erase(it) : std::next(it);
+        }
+      }
       return Status::success();
     }
     case FrameType::Data: {

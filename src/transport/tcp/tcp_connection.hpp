@@ -1,6 +1,7 @@
 // TcpConnection: the link to one peer over one or more TCP sockets ("streams").
 //
-// Protocol (frame.hpp): messages up to the eager limit go whole on stream 0; larger ones are
+// Protocol (frame.hpp): messages up to the eager limit (or up to LOOM_READY_BYTES when the
+// receiver has said with a READY hint that the matching receive is posted) go whole on stream 0; larger ones are
 // announced (RTS), accepted by the receiver once a matching receive is posted (CTS), then striped
 // as DATA frames over all streams and received straight into the receive buffer. Matching is per
 // tag in arrival order on stream 0, which is send order. Receives that arrive before they are
@@ -38,6 +39,7 @@ namespace tcp {
 
 struct TcpOptions {
   size_t eagerBytes = 64 * 1024;       ///< largest message sent without RTS/CTS
+  size_t readyBytes = 1024 * 1024;     ///< largest message sent EAGER on a receiver's READY hint (0: no hints)
   size_t stripeMinBytes = 256 * 1024;  ///< a slice per stream is at least this big
   int readsPerEvent = 64;              ///< recv calls per readable event before yielding to other sockets
 };
@@ -93,6 +95,11 @@ class TcpConnection : public Connection {
     size_t sent = 0;
     std::shared_ptr<SendOp> op;  // completed when its last frame is written
   };
+  struct ReadyHint {
+    uint64_t fromSeq = 0;  // the receiver had received messages up to here when it posted
+    uint64_t ahead = 0;    // receives on the tag posted before it and not yet matched
+    uint64_t capacity = 0;
+  };
   enum class Sink { None, Direct, Discard, Unexpected, Data };
   struct Stream;
   class ReadHandler;
@@ -112,6 +119,12 @@ class TcpConnection : public Connection {
   void sendCtsLocked(uint64_t seq, bool accept);
   void enqueueLocked(Stream& s, const FrameHeader& h, const uint8_t* payload, size_t len, std::shared_ptr<SendOp> op);
   void onSentLocked(OutFrame& f);
+  /// Whether a READY hint says the receive that will match this send (tag, bytes, the next
+  /// sequence number) is posted; drops hints found stale on the way.
+  bool takeReadyHintLocked(uint32_t tag, size_t bytes);
+  /// How many of the recent sends on `tag` have sequence numbers >= from; SIZE_MAX when the
+  /// record of recent sends does not reach back that far.
+  size_t sendsOnTagSinceLocked(uint32_t tag, uint64_t from) const;
   void deliverUnexpectedLocked(Unexpected& u, RecvOp& op);
   void acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<RecvOp>& op);
   bool hasPendingLocked() const;
@@ -142,6 +155,8 @@ class TcpConnection : public Connection {
   std::map<uint32_t, std::deque<std::shared_ptr<Unexpected>>> unexpected_;
   std::map<uint64_t, std::shared_ptr<SendOp>> awaitingCts_;
   std::map<uint64_t, std::shared_ptr<RecvOp>> incoming_;
+  std::map<uint32_t, std::deque<ReadyHint>> readyHints_;   // READY hints from the peer, by tag
+  std::deque<std::pair<uint64_t, uint32_t>> recentSends_;  // (seq, tag) of the last sends, for the hints
   uint64_t nextSendSeq_ = 0;
   uint64_t nextRecvSeq_ = 0;
   bool closed_ = false;

@@ -25,6 +25,9 @@ LOOM_PARAM_INT(socketBufferBytes, "LOOM_SOCKET_BUFFER", 0,
                "SO_SNDBUF/SO_RCVBUF bytes of data sockets (0: the kernel's autotuning, usually best)");
 LOOM_PARAM_INT(readsPerEventParam, "LOOM_TCP_READS_PER_EVENT", 64,
                "recv calls per readable socket event before the engine turns to other sockets");
+LOOM_PARAM_INT(readyBytesParam, "LOOM_READY_BYTES", 1024 * 1024,
+               "largest message sent at once (no RTS/CTS round trip) when the receiver said its receive is posted; "
+               "0: never");
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_EAGER_BYTES", 64 * 1024,
                "largest TCP message sent at once; larger ones wait for the receiver (max 1 MiB)");
 
@@ -369,6 +372,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   // Every link is up: build the connections; from now on the listener turns newcomers away.
   TcpOptions options;
   options.eagerBytes = static_cast<size_t>(std::clamp<int64_t>(eagerBytesParam(), 0, kMaxEagerBytes));
+  options.readyBytes = static_cast<size_t>(std::clamp<int64_t>(readyBytesParam(), 0, kMaxEagerBytes));
   options.readsPerEvent = static_cast<int>(std::clamp<int64_t>(readsPerEventParam(), 1, 1 << 20));
   std::vector<std::unique_ptr<Connection>> out;
   const SockAddr self = localAddress(listener_.fd());

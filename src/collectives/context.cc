@@ -1,0 +1,88 @@
+// Context: tagged sends and receives of one collective, mismatch detection, and the tunables
+// that shape every algorithm's pipeline (chunk sizes, ring channels).
+#include "collectives/context.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/format.hpp"
+#include "core/param.hpp"
+
+namespace loom {
+namespace coll {
+namespace {
+
+LOOM_PARAM_INT(chunkBytesParam, "LOOM_CHUNK_BYTES", 512 * 1024,
+               "bytes per pipelined chunk of ring and chain algorithms");
+LOOM_PARAM_INT(treeChunkBytesParam, "LOOM_TREE_CHUNK_BYTES", 64 * 1024,
+               "bytes per pipelined chunk of the double-tree all-reduce");
+LOOM_PARAM_INT(ringChannelsParam, "LOOM_RING_CHANNELS", 2,
+               "parallel rings of the ring algorithms (1 to 8), alternating in direction");
+LOOM_PARAM_INT(channelMinBytesParam, "LOOM_RING_CHANNEL_MIN_BYTES", 256 * 1024,
+               "a ring collective adds a channel only while each channel's per-rank segment keeps this many bytes");
+
+}  // namespace
+
+void copyIfDistinct(void* dst, const void* src, size_t n) {
+  if (dst != src && n > 0) std::memcpy(dst, src, n);
+}
+
+RequestPtr Context::send(int peer, const void* p, size_t bytes, int channel) {
+  return comm_.postSend(peer, p, bytes, detail::collectiveTag(seq_, channel),
+                        strFormat("%s #%lld (%s, channel %d): send of %zu B to rank %d", name_,
+                                  static_cast<long long>(seq_), algo_, channel, bytes, peer));
+}
+
+RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel) {
+  auto r = comm_.postRecv(peer, p, bytes, detail::collectiveTag(seq_, channel),
+                          strFormat("%s #%lld (%s, channel %d): receive of %zu B from rank %d", name_,
+                                    static_cast<long long>(seq_), algo_, channel, bytes, peer));
+  r->expectBytes = bytes;
+  return r;
+}
+
+void Context::wait(const RequestPtr& r) {
+  try {
+    r->wait();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::InvalidUsage) throw;
+    // A message larger than the algorithm's receive: the ranks disagree about this collective.
+    Status s = Status::error(ErrorCode::InvalidUsage,
+                             strFormat("%s #%lld (%s): %s; the ranks called this collective with different counts "
+                                       "or datatypes",
+                                       name_, static_cast<long long>(seq_), algo_, e.message().c_str()),
+                             e.peer(), seq_);
+    comm_.failureState()->fail(s);
+    throw s.toError(rank());
+  }
+  if (r->expectBytes != SIZE_MAX && r->bytes() != r->expectBytes) {
+    Status s = Status::error(
+        ErrorCode::InvalidUsage,
+        strFormat("%s #%lld: rank %d sent %zu bytes where this rank expected %zu: the ranks called this collective "
+                  "with different counts or datatypes",
+                  name_, static_cast<long long>(seq_), r->peer(), r->bytes(), r->expectBytes),
+        r->peer(), seq_);
+    comm_.failureState()->fail(s);
+    throw s.toError(rank());
+  }
+}
+
+size_t Context::chunkElems(size_t elem) const {
+  static const int64_t bytesPerChunk = std::max<int64_t>(4096, chunkBytesParam());
+  return std::max<size_t>(1, static_cast<size_t>(bytesPerChunk) / elem);
+}
+
+size_t Context::treeChunkElems(size_t elem) const {
+  static const int64_t bytesPerChunk = std::max<int64_t>(4096, treeChunkBytesParam());
+  return std::max<size_t>(1, static_cast<size_t>(bytesPerChunk) / elem);
+}
+
+int Context::ringChannels(size_t bytes) const {
+  // Read on every call (like LOOM_ALGO) so that a test can change it between collectives.
+  const int maxChannels = static_cast<int>(std::clamp<int64_t>(ringChannelsParam(), 1, detail::kMaxChannels));
+  return planChannelCount(bytes, size(), maxChannels,
+                          static_cast<size_t>(std::max<int64_t>(0, channelMinBytesParam())));
+}
+
+}  // namespace coll
+}  // namespace loom

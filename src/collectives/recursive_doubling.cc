@@ -1,0 +1,49 @@
+// Recursive-doubling all-reduce: log2(n) exchanges of the whole buffer with partners at distance
+// 1, 2, 4, ...; non-powers of two fold the extra ranks in first and hand them the result last
+// (planRecursiveDoubling). Latency-bound sizes: fewest steps, the whole buffer on every step.
+#include "collectives/context.hpp"
+#include "kernels/reduce.hpp"
+
+namespace loom {
+namespace coll {
+
+void allReduceRecursiveDoubling(Context& c, const Args& a) {
+  const int r = c.rank();
+  const size_t bytesTotal = a.count * a.elem;
+  uint8_t* out = bytes(a.recv);
+  copyIfDistinct(out, a.send, bytesTotal);
+  uint8_t* tmp = c.scratch(bytesTotal, 0);
+  DoublingPlan plan = planRecursiveDoubling(r, c.size());
+  // Operands go in rank order (lower rank's data first) so that both partners compute the same bits.
+  auto combine = [&](int partner) {
+    if (partner < r)
+      kernels::reduce(out, tmp, out, a.count, a.type, a.op);
+    else
+      kernels::reduce(out, out, tmp, a.count, a.type, a.op);
+  };
+  if (plan.foldTo >= 0) {
+    // 1'. Sit out: hand the data to the odd neighbour, take the result back at the end.
+    c.wait(c.send(plan.foldTo, out, bytesTotal));
+    c.wait(c.recv(plan.foldTo, out, bytesTotal));
+    return;
+  }
+  if (plan.foldFrom >= 0) {
+    // 1. Take the even neighbour's data.
+    c.wait(c.recv(plan.foldFrom, tmp, bytesTotal));
+    combine(plan.foldFrom);
+  }
+  // 2. Exchange with a partner at distance 1, 2, 4, ...
+  for (int partner : plan.partners) {
+    auto rq = c.recv(partner, tmp, bytesTotal);
+    auto sq = c.send(partner, out, bytesTotal);
+    c.wait(sq);
+    c.wait(rq);
+    combine(partner);
+  }
+  if (a.op == ReduceOp::Avg) kernels::divide(out, a.count, a.type, c.size());
+  // 3. Hand the result back to the neighbour that sat out.
+  if (plan.foldFrom >= 0) c.wait(c.send(plan.foldFrom, out, bytesTotal));
+}
+
+}  // namespace coll
+}  // namespace loom

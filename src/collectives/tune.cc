@@ -1,0 +1,88 @@
+#include "collectives/tune.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "collectives/context.hpp"
+#include "core/logging.hpp"
+#include "core/param.hpp"
+
+namespace loom {
+namespace coll {
+namespace {
+
+LOOM_PARAM_INT(tuneParam, "LOOM_TUNE", 0,
+               "1: measure link latency and bandwidth at init for the cost model (else LOOM_TCP_LATENCY_US/MBPS)");
+
+constexpr int kRoundTrips = 21;
+constexpr int kTransfers = 3;
+constexpr size_t kTransferBytes = 4u << 20;
+constexpr int kChannel = 1;  // the measurement's own tag space; the agreement runs on channel 0
+
+using Clock = std::chrono::steady_clock;
+double usSince(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
+
+// Returns {one-way latency in us, us per byte} for this rank's pair, or zeros when it sits out.
+void measurePair(Context& c, double* latencyUs, double* usPerByte) {
+  const int r = c.rank(), partner = r ^ 1;
+  *latencyUs = *usPerByte = 0;
+  if (partner >= c.size()) return;
+  const bool leader = r < partner;
+  uint8_t token[8] = {};
+  std::vector<double> rtts;
+  for (int i = 0; i < kRoundTrips; ++i) {
+    auto t0 = Clock::now();
+    if (leader) {
+      c.wait(c.send(partner, token, sizeof token, kChannel));
+      c.wait(c.recv(partner, token, sizeof token, kChannel));
+    } else {
+      c.wait(c.recv(partner, token, sizeof token, kChannel));
+      c.wait(c.send(partner, token, sizeof token, kChannel));
+    }
+    rtts.push_back(usSince(t0));
+  }
+  std::nth_element(rtts.begin(), rtts.begin() + kRoundTrips / 2, rtts.end());
+  *latencyUs = rtts[kRoundTrips / 2] / 2;
+  uint8_t* buf = c.scratch(kTransferBytes, 0);
+  double best = 0;
+  for (int i = 0; i < kTransfers; ++i) {
+    auto t0 = Clock::now();
+    if (leader) {
+      c.wait(c.send(partner, buf, kTransferBytes, kChannel));
+      c.wait(c.recv(partner, token, sizeof token, kChannel));
+    } else {
+      c.wait(c.recv(partner, buf, kTransferBytes, kChannel));
+      c.wait(c.send(partner, token, sizeof token, kChannel));
+    }
+    double us = std::max(1.0, usSince(t0) - 2 * *latencyUs);
+    best = std::max(best, static_cast<double>(kTransferBytes) / us);  // bytes per us
+  }
+  *usPerByte = 1.0 / best;
+}
+
+}  // namespace
+
+void tuneLinksIfAsked(detail::CommImpl& comm) {
+  if (tuneParam() == 0 || comm.size() == 1) return;
+  double agreed[2] = {0, 0};
+  comm.run("tune", [&](int64_t seq) {
+    Context c(comm, seq, "tune", "pairs");
+    double mine[2];
+    measurePair(c, &mine[0], &mine[1]);
+    Args a;
+    a.send = mine;
+    a.recv = agreed;
+    a.count = 2;
+    a.type = DataType::Float64;
+    a.op = ReduceOp::Max;
+    a.elem = sizeof(double);
+    allReduceRecursiveDoubling(c, a);
+  });
+  const double gbps = agreed[1] > 0 ? 1e-3 / agreed[1] : 0;
+  comm.setLink(detail::LinkModel{agreed[0], gbps});
+  if (comm.rank() == 0) LOOM_INFO("measured links: %.1f us latency, %.2f GB/s (LOOM_TUNE)", agreed[0], gbps);
+}
+
+}  // namespace coll
+}  // namespace loom

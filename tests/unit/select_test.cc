@@ -1,0 +1,70 @@
+// The cost model and LOOM_ALGO parsing, without a network: the choices documented in the README
+// (and printed by loom-info --algos) hold for the default model.
+#include "collectives/select.hpp"
+
+#include <gtest/gtest.h>
+
+using loom::coll::Algo;
+using loom::coll::Coll;
+using loom::coll::CostModel;
+using loom::coll::modelUs;
+using loom::coll::selectAlgo;
+
+TEST(Select, LatencyBoundSizesUseRecursiveDoubling) {
+  CostModel m;
+  for (int n : {2, 3, 4, 8, 64, 256}) {
+    EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, n, m, ""), Algo::RecursiveDoubling) << n;
+    EXPECT_EQ(selectAlgo(Coll::AllReduce, 1024, n, m, ""), Algo::RecursiveDoubling) << n;
+  }
+}
+
+TEST(Select, LargeSizesUseTheRing) {
+  CostModel m;
+  for (int n : {2, 3, 4, 8, 64, 256}) EXPECT_EQ(selectAlgo(Coll::AllReduce, 256u << 20, n, m, ""), Algo::Ring) << n;
+  EXPECT_EQ(selectAlgo(Coll::Broadcast, 256u << 20, 8, m, ""), Algo::Chain);
+  EXPECT_EQ(selectAlgo(Coll::Reduce, 256u << 20, 8, m, ""), Algo::Ring);
+}
+
+TEST(Select, DoubleTreeWinsAtMediumSizesOnManyRanks) {
+  CostModel m;
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 64, m, ""), Algo::DoubleTree);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 4u << 20, 256, m, ""), Algo::DoubleTree);
+  EXPECT_NE(selectAlgo(Coll::AllReduce, 1u << 20, 4, m, ""), Algo::DoubleTree);
+}
+
+TEST(Select, ModelledTimeGrowsWithSize) {
+  CostModel m;
+  for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::DoubleTree})
+    for (int n : {2, 5, 16}) {
+      double prev = 0;
+      for (size_t b = 8; b <= (64u << 20); b *= 4) {
+        double t = modelUs(Coll::AllReduce, a, b, n, m);
+        EXPECT_GE(t, prev) << loom::coll::algoName(a) << " " << n << " ranks " << b << " B";
+        prev = t;
+      }
+    }
+  EXPECT_EQ(modelUs(Coll::AllReduce, Algo::Ring, 1 << 20, 1, m), 0);
+}
+
+TEST(Select, SlowerLinksMoveTheRingCrossoverUp) {
+  CostModel fast, slowLatency;
+  slowLatency.latencyUs = 500;
+  // With a high per-message latency the many-step ring loses to recursive doubling at 1 MiB.
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 8, fast, ""), Algo::Ring);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 8, slowLatency, ""), Algo::RecursiveDoubling);
+}
+
+TEST(Select, OverridesApplyWhereTheAlgorithmExists) {
+  CostModel m;
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "ring"), Algo::Ring);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "dbtree"), Algo::DoubleTree);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "recursive_doubling"), Algo::RecursiveDoubling);
+  // Per collective: only all-reduce is forced; broadcast keeps its model choice.
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 256u << 20, 4, m, "allreduce:rd"), Algo::RecursiveDoubling);
+  EXPECT_EQ(selectAlgo(Coll::Broadcast, 256u << 20, 4, m, "allreduce:rd"), Algo::Chain);
+  EXPECT_EQ(selectAlgo(Coll::Broadcast, 256u << 20, 4, m, "allreduce:rd,broadcast:tree"), Algo::Binomial);
+  // An algorithm a collective does not have is ignored for it; unknown names are ignored.
+  EXPECT_EQ(selectAlgo(Coll::AllGather, 8, 4, m, "rd"), Algo::Ring);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "warp-drive"), Algo::RecursiveDoubling);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "nonsense,ring"), Algo::Ring);
+}
