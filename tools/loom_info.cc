@@ -40,7 +40,7 @@ void printAlgos() {
   const std::string forced = loom::coll::algoOverrideFromEnv();
   std::printf("Algorithm chosen per collective, message size (whole buffer) and world size\n");
   std::printf(
-      "(cost model: %.0f us per step, %.2f GB/s per link, reduction %.1f GB/s, %zu-byte ring chunks, %zu-byte tree "
+      "(cost model: %.0f us per message, %.2f GB/s per link, reduction %.1f GB/s, %zu-byte ring chunks, %zu-byte tree "
       "chunks; LOOM_ALGO=\"%s\")\n\n",
       model.latencyUs, model.gbps, model.reduceGbps, model.chunkBytes, model.treeChunkBytes, forced.c_str());
   const int ranks[] = {2, 3, 4, 8, 16, 32, 64, 256};

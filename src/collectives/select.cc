@@ -1,8 +1,10 @@
 #include "collectives/select.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "collectives/plan.hpp"
 #include "core/param.hpp"
 
 namespace loom {
@@ -11,7 +13,7 @@ namespace {
 
 LOOM_PARAM_STR(algoParam, "LOOM_ALGO", "",
                "force algorithms: ring|rd|dbtree|tree|chain|pairwise, or per collective allreduce:dbtree,...");
-LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 25, "cost model: microseconds per message step over TCP");
+LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 40, "cost model: microseconds per message over TCP");
 LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
 LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the CPU reduction kernel");
 
@@ -108,6 +110,8 @@ CostModel costModelFromEnv() {
   m.reduceGbps = static_cast<double>(std::max<int64_t>(1, reduceParam())) / 1000.0;
   m.chunkBytes = static_cast<size_t>(std::max<int64_t>(4096, envInt("LOOM_CHUNK_BYTES", 512 * 1024)));
   m.treeChunkBytes = static_cast<size_t>(std::max<int64_t>(4096, envInt("LOOM_TREE_CHUNK_BYTES", 64 * 1024)));
+  m.ringChannels = static_cast<int>(std::clamp<int64_t>(envInt("LOOM_RING_CHANNELS", 2), 1, 8));
+  m.channelMinBytes = static_cast<size_t>(std::max<int64_t>(0, envInt("LOOM_RING_CHANNEL_MIN_BYTES", 256 * 1024)));
   return m;
 }
 
@@ -120,10 +124,15 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
   if (n == 1) return 0;
   switch (a) {
     case Algo::Ring: {
+      // Every step moves one segment per channel; each channel's message pays the per-message
+      // latency, and the last chunk's reduction of a reducing step is not hidden by the pipeline.
       double steps = c == Coll::AllReduce ? 2 * (N - 1) : (N - 1);
-      double per = c == Coll::AllGather || c == Coll::ReduceScatter ? S / N : S / N;
-      double extra = c == Coll::Reduce ? a_ + per * b : 0;  // gather to the root
-      return steps * (a_ + per * b) + extra;
+      double channels = planChannelCount(bytes, n, m.ringChannels, m.channelMinBytes);
+      double per = S / N;
+      double reduceSteps = c == Coll::AllGather ? 0 : N - 1;
+      double tail = std::min(per / channels, static_cast<double>(m.chunkBytes)) * g;
+      double extra = c == Coll::Reduce ? channels * a_ + per * b : 0;  // gather to the root
+      return steps * (channels * a_ + per * b) + reduceSteps * tail + extra;
     }
     case Algo::RecursiveDoubling: {
       // Each step reduces the whole buffer after it has arrived.
