@@ -9,6 +9,7 @@
 #include "bootstrap/launcher_env.hpp"
 #include "collectives/select.hpp"
 #include "core/param.hpp"
+#include "core/topology.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/loom.h"
 #include "loom_config.h"
@@ -72,6 +73,9 @@ void printInfo() {
   } catch (const loom::Error& e) {
     std::printf("  none: %s\n", e.message().c_str());
   }
+  const loom::HostIdentity id = loom::localHostIdentity();
+  std::printf("Host identity (ranks with the same one share memory): %s\n", id.describe().c_str());
+  std::printf("Topology: %s", loom::describeTopology(loom::discoverTopology()).c_str());
 }
 
 }  // namespace

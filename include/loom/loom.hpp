@@ -139,6 +139,9 @@ struct Options {
   std::string transports;
   /// TCP sockets striped per peer (LOOM_SOCKETS_PER_PEER; default 2). Zero: unset.
   int socketsPerPeer = 0;
+  /// This rank's host identity (LOOM_HOST_ID): ranks with equal ids are taken to share a node and
+  /// its memory. Empty: detected (same boot id, IPC namespace and /dev/shm).
+  std::string hostId;
 };
 
 /// The 128-byte rendezvous id (see loomUniqueId). A secret: whoever holds it can join.
@@ -206,6 +209,13 @@ class Communicator {
 
   int rank() const;
   int size() const;
+  /// Ranks that share this rank's node (can share memory), numbered 0.. in rank order; use it to
+  /// pick this rank's GPU. Learnt at join from every rank's host identity.
+  int localRank() const;
+  int localSize() const;
+  /// Nodes in the communicator, numbered in the order of their lowest rank, and the node of `rank`.
+  int nodeCount() const;
+  int nodeOf(int rank) const;
   /// The communicator's name (Options::name).
   const std::string& name() const;
 

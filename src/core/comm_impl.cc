@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/plan.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
+#include "core/topology.hpp"
 #include "transport/registry.hpp"
 #include "transport/self_connection.hpp"
 
@@ -57,7 +59,11 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
   Deadline deadline(initTimeout);
   Store& store = *access_.store;
 
-  // 1. Announce ourselves, so that a rank that waits can say who is missing.
+  // 1. Announce ourselves (host identity first: join/ says that both are there), so that a rank
+  // that waits can say who is missing.
+  HostIdentity host = localHostIdentity();
+  if (!options.hostId.empty()) host.override_ = options.hostId;
+  store.setString("host/" + std::to_string(rank), host.key());
   const std::string me = strFormat("%s pid %d", hostName().c_str(), static_cast<int>(getpid()));
   store.setString("join/" + std::to_string(rank), me);
 
@@ -114,6 +120,9 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
                          deadline.totalSeconds(), joinRanks(absent).c_str()));
   }
 
+  // 2'. Which ranks share a node: equal host identities, numbered in order of their lowest rank.
+  mapNodes(store, deadline);
+
   // 3. Connect to every peer.
   std::vector<int> peers;
   for (int r = 0; r < size; ++r)
@@ -141,9 +150,37 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   if (logLevel() >= LogLevel::Info) {
     LOOM_INFO("communicator \"%s\": rank %d of %d ready (%s; store %s; timeout %.0f s)", name_.c_str(), rank, size,
               origin.c_str(), access_.endpoint.c_str(), static_cast<double>(timeout_.count()) / 1000.0);
+    LOOM_INFO("node %d of %d, local rank %d of %d", nodeOf(rank), nodeCount(), localRank(), localSize());
     for (int r = 0; r < size; ++r)
       if (r != rank) LOOM_INFO("%s", conns_[static_cast<size_t>(r)]->describe().c_str());
   }
+}
+
+void CommImpl::mapNodes(Store& store, const Deadline& deadline) {
+  std::vector<std::string> keys(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    // Set before join/<r>, which every rank has seen by now: no wait in practice.
+    auto v = store.get("host/" + std::to_string(r), deadline);
+    if (!v) LOOM_THROW(ErrorCode::Timeout, rank_, strFormat("rank %d's host identity did not arrive in time", r));
+    keys[static_cast<size_t>(r)].assign(v->begin(), v->end());
+  }
+  nodeOf_.assign(static_cast<size_t>(size_), -1);
+  nodeRanks_.clear();
+  for (int r = 0; r < size_; ++r) {
+    if (nodeOf_[static_cast<size_t>(r)] >= 0) continue;
+    const int node = static_cast<int>(nodeRanks_.size());
+    nodeRanks_.emplace_back();
+    for (int q = r; q < size_; ++q)
+      if (keys[static_cast<size_t>(q)] == keys[static_cast<size_t>(r)]) {
+        nodeOf_[static_cast<size_t>(q)] = node;
+        nodeRanks_.back().push_back(q);
+      }
+  }
+}
+
+int CommImpl::localRank() const {
+  const auto& local = ranksOnNode(nodeOf(rank_));
+  return static_cast<int>(std::find(local.begin(), local.end(), rank_) - local.begin());
 }
 
 CommImpl::~CommImpl() {

@@ -79,6 +79,14 @@ class CommImpl : public Progressable {
   void beginPolling(int peer) noexcept override;
   void endPolling(int peer) noexcept override;
 
+  // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
+  int nodeCount() const { return static_cast<int>(nodeRanks_.size()); }
+  int nodeOf(int rank) const { return nodeOf_[static_cast<size_t>(rank)]; }
+  /// The ranks on `node`, ascending.
+  const std::vector<int>& ranksOnNode(int node) const { return nodeRanks_[static_cast<size_t>(node)]; }
+  int localRank() const;
+  int localSize() const { return static_cast<int>(ranksOnNode(nodeOf(rank_)).size()); }
+
   // ---- Cost model inputs measured at init (collectives/tune.hpp); unset unless LOOM_TUNE. ----
   void setLink(const LinkModel& m) { link_ = m; }
   const std::optional<LinkModel>& link() const { return link_; }
@@ -96,6 +104,8 @@ class CommImpl : public Progressable {
  private:
   void join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin);
   void failEverything(const Status& status);
+  /// Reads every rank's host identity from the store and groups the ranks by node.
+  void mapNodes(Store& store, const Deadline& deadline);
 
   const int rank_;
   const int size_;
@@ -112,7 +122,10 @@ class CommImpl : public Progressable {
   std::atomic<int64_t> nextSeq_{0};
   std::atomic<bool> aborted_{false};
   std::vector<uint8_t> scratch_[kScratchSlots];
-  std::optional<LinkModel> link_;  // set once, right after joining, before any user call
+  std::optional<LinkModel> link_;
+  std::vector<int> nodeOf_;  // by rank: index of its node, numbered by lowest rank
+  std::vector<std::vector<int>>
+      nodeRanks_;  // by node: its ranks  // set once, right after joining, before any user call
 };
 
 }  // namespace detail

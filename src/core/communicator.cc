@@ -143,6 +143,14 @@ detail::CommImpl& live(const std::unique_ptr<detail::CommImpl>& impl) {
 
 int Communicator::rank() const { return live(impl_).rank(); }
 int Communicator::size() const { return live(impl_).size(); }
+int Communicator::localRank() const { return live(impl_).localRank(); }
+int Communicator::localSize() const { return live(impl_).localSize(); }
+int Communicator::nodeCount() const { return live(impl_).nodeCount(); }
+int Communicator::nodeOf(int rank) const {
+  auto& c = live(impl_);
+  c.checkPeer(rank, "nodeOf");
+  return c.nodeOf(rank);
+}
 const std::string& Communicator::name() const { return live(impl_).name(); }
 std::chrono::milliseconds Communicator::timeout() const { return live(impl_).timeout(); }
 void Communicator::checkError() const { live(impl_).checkOk(); }
