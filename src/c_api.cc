@@ -265,6 +265,23 @@ loomResult_t loomCommCount(const loomComm_t comm, int* count) {
   });
 }
 
+loomResult_t loomCommLocalRank(const loomComm_t comm, int* localRank, int* localSize) {
+  return guard([&] {
+    if (localRank == nullptr || localSize == nullptr)
+      LOOM_THROW(ErrorCode::InvalidArgument, -1, "localRank or localSize is NULL");
+    const auto& c = *lookup(comm)->comm;
+    *localRank = c.localRank();
+    *localSize = c.localSize();
+  });
+}
+
+loomResult_t loomCommNodeCount(const loomComm_t comm, int* nodes) {
+  return guard([&] {
+    if (nodes == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "nodes is NULL");
+    *nodes = lookup(comm)->comm->nodeCount();
+  });
+}
+
 loomResult_t loomCommUserRank(const loomComm_t comm, int* rank) {
   return guard([&] {
     if (rank == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "rank is NULL");

@@ -158,6 +158,13 @@ loomResult_t loomCommCount(const loomComm_t comm, int* count);
 /** This rank. */
 loomResult_t loomCommUserRank(const loomComm_t comm, int* rank);
 
+/** This rank's place among the ranks of its node (ranks that can share memory; LOOM_HOST_ID), and
+ *  how many ranks the node has: use localRank to pick this rank's GPU. */
+loomResult_t loomCommLocalRank(const loomComm_t comm, int* localRank, int* localSize);
+
+/** Number of nodes in the communicator. */
+loomResult_t loomCommNodeCount(const loomComm_t comm, int* nodes);
+
 /** A short text for a result code. */
 const char* loomGetErrorString(loomResult_t result);
 

@@ -56,6 +56,14 @@ TEST(CApi, QueriesAndBadArguments) {
     EXPECT_EQ(v, n);
     EXPECT_EQ(loomCommUserRank(comm, &v), loomSuccess);
     EXPECT_EQ(v, rank);
+    int local = -1, localSize = -1, nodes = -1;
+    EXPECT_EQ(loomCommLocalRank(comm, &local, &localSize), loomSuccess);
+    EXPECT_EQ(local, rank);  // both ranks in this process: one node
+    EXPECT_EQ(localSize, n);
+    EXPECT_EQ(loomCommNodeCount(comm, &nodes), loomSuccess);
+    EXPECT_EQ(nodes, 1);
+    EXPECT_EQ(loomCommLocalRank(comm, nullptr, &localSize), loomInvalidArgument);
+    EXPECT_EQ(loomCommNodeCount(comm, nullptr), loomInvalidArgument);
     loomResult_t async = loomInternalError;
     EXPECT_EQ(loomCommGetAsyncError(comm, &async), loomSuccess);
     EXPECT_EQ(async, loomSuccess);
