@@ -67,21 +67,26 @@ void Context::wait(const RequestPtr& r) {
   }
 }
 
-size_t Context::chunkElems(size_t elem) const {
-  static const int64_t bytesPerChunk = std::max<int64_t>(4096, chunkBytesParam());
-  return std::max<size_t>(1, static_cast<size_t>(bytesPerChunk) / elem);
+size_t ringChunkBytes() {
+  static const size_t v = static_cast<size_t>(std::max<int64_t>(4096, chunkBytesParam()));
+  return v;
 }
 
-size_t Context::treeChunkElems(size_t elem) const {
-  static const int64_t bytesPerChunk = std::max<int64_t>(4096, treeChunkBytesParam());
-  return std::max<size_t>(1, static_cast<size_t>(bytesPerChunk) / elem);
+size_t treeChunkBytes() {
+  static const size_t v = static_cast<size_t>(std::max<int64_t>(4096, treeChunkBytesParam()));
+  return v;
 }
+
+// Read on every call (like LOOM_ALGO) so that a test can change them between collectives.
+int maxRingChannels() { return static_cast<int>(std::clamp<int64_t>(ringChannelsParam(), 1, detail::kMaxChannels)); }
+size_t ringChannelMinBytes() { return static_cast<size_t>(std::max<int64_t>(0, channelMinBytesParam())); }
+
+size_t Context::chunkElems(size_t elem) const { return std::max<size_t>(1, ringChunkBytes() / elem); }
+
+size_t Context::treeChunkElems(size_t elem) const { return std::max<size_t>(1, treeChunkBytes() / elem); }
 
 int Context::ringChannels(size_t bytes) const {
-  // Read on every call (like LOOM_ALGO) so that a test can change it between collectives.
-  const int maxChannels = static_cast<int>(std::clamp<int64_t>(ringChannelsParam(), 1, detail::kMaxChannels));
-  return planChannelCount(bytes, size(), maxChannels,
-                          static_cast<size_t>(std::max<int64_t>(0, channelMinBytesParam())));
+  return planChannelCount(bytes, size(), maxRingChannels(), ringChannelMinBytes());
 }
 
 }  // namespace coll

@@ -62,6 +62,12 @@ class Context {
   const char* algo_;
 };
 
+// The pipeline tunables, parsed and clamped once here for the algorithms and the cost model alike.
+size_t ringChunkBytes();       ///< LOOM_CHUNK_BYTES (read once)
+size_t treeChunkBytes();       ///< LOOM_TREE_CHUNK_BYTES (read once)
+int maxRingChannels();         ///< LOOM_RING_CHANNELS, 1 to kMaxChannels (read on every call)
+size_t ringChannelMinBytes();  ///< LOOM_RING_CHANNEL_MIN_BYTES (read on every call)
+
 inline const uint8_t* cbytes(const void* p) { return static_cast<const uint8_t*>(p); }
 inline uint8_t* bytes(void* p) { return static_cast<uint8_t*>(p); }
 /// memcpy unless in place.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "collectives/context.hpp"
 #include "collectives/plan.hpp"
 #include "core/param.hpp"
 
@@ -108,10 +109,10 @@ CostModel costModelFromEnv() {
   m.latencyUs = static_cast<double>(latencyParam());
   m.gbps = static_cast<double>(bandwidthParam()) / 1000.0;
   m.reduceGbps = static_cast<double>(std::max<int64_t>(1, reduceParam())) / 1000.0;
-  m.chunkBytes = static_cast<size_t>(std::max<int64_t>(4096, envInt("LOOM_CHUNK_BYTES", 512 * 1024)));
-  m.treeChunkBytes = static_cast<size_t>(std::max<int64_t>(4096, envInt("LOOM_TREE_CHUNK_BYTES", 64 * 1024)));
-  m.ringChannels = static_cast<int>(std::clamp<int64_t>(envInt("LOOM_RING_CHANNELS", 2), 1, 8));
-  m.channelMinBytes = static_cast<size_t>(std::max<int64_t>(0, envInt("LOOM_RING_CHANNEL_MIN_BYTES", 256 * 1024)));
+  m.chunkBytes = ringChunkBytes();
+  m.treeChunkBytes = treeChunkBytes();
+  m.ringChannels = maxRingChannels();
+  m.channelMinBytes = ringChannelMinBytes();
   return m;
 }
 
