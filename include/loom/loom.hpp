@@ -216,6 +216,11 @@ class Communicator {
   /// Nodes in the communicator, numbered in the order of their lowest rank, and the node of `rank`.
   int nodeCount() const;
   int nodeOf(int rank) const;
+  /// How this rank is linked to `peer`: "shm" (shared memory, same node), "tcp", or "self".
+  /// Chosen at join per pair: the first transport LOOM_TRANSPORT allows that reaches the peer.
+  std::string transportOf(int peer) const;
+  /// One line on that link for logs and tools (transport, rings or sockets, copy path).
+  std::string describeLink(int peer) const;
   /// The communicator's name (Options::name).
   const std::string& name() const;
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "collectives/plan.hpp"
 #include "core/format.hpp"
@@ -77,6 +78,7 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
     // first so that it never touches a connection being freed.
     engine_->stop();
     sendEngine_->stop();
+    for (auto& t : transports_) t->stop();
     conns_.clear();
     throw;
   }
@@ -97,9 +99,10 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   ctx.failure = failure_;
   ctx.deadline = deadline;
   ctx.socketsPerPeer = sockets;
-  // One transport connects every pair for now; per-pair choice arrives with shared memory.
-  transports_.push_back(entries.front().make());
-  transports_.front()->publish(ctx);
+  for (const auto& e : entries) {
+    transports_.push_back(e.make());
+    transports_.back()->publish(ctx);
+  }
 
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back("join/" + std::to_string(r));
@@ -123,13 +126,36 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   // 2'. Which ranks share a node: equal host identities, numbered in order of their lowest rank.
   mapNodes(store, deadline);
 
-  // 3. Connect to every peer.
-  std::vector<int> peers;
-  for (int r = 0; r < size; ++r)
-    if (r != rank) peers.push_back(r);
-  auto conns = transports_.front()->connect(ctx, peers);
+  // 3. Connect to every peer with the first transport that reaches it (shared memory within a
+  // node, then the network). Every rank runs the transports in the same order, and each one's
+  // setup waits only on the peers it connects, so no two ranks wait on each other crosswise.
+  ctx.nodeOf = nodeOf_;
+  std::vector<std::vector<int>> peersOf(transports_.size());
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    size_t t = 0;
+    while (t < transports_.size() && !transports_[t]->reaches(ctx, r)) ++t;
+    if (t == transports_.size()) {
+      std::string names;
+      for (const auto& e : entries) names += (names.empty() ? "" : ", ") + std::string(e.name);
+      LOOM_THROW_PEER(ErrorCode::InvalidArgument, rank, r,
+                      strFormat("no allowed transport (%s) reaches rank %d, which is on another node (node %d; this "
+                                "rank is on node %d): shared memory links only ranks of one node; allow tcp in "
+                                "LOOM_TRANSPORT",
+                                names.c_str(), r, nodeOf(r), nodeOf(rank)));
+    }
+    peersOf[t].push_back(r);
+  }
   conns_.resize(static_cast<size_t>(size));
-  for (size_t i = 0; i < peers.size(); ++i) conns_[static_cast<size_t>(peers[i])] = std::move(conns[i]);
+  transportOf_.assign(static_cast<size_t>(size), "self");
+  for (size_t t = 0; t < transports_.size(); ++t) {
+    if (peersOf[t].empty()) continue;
+    auto conns = transports_[t]->connect(ctx, peersOf[t]);
+    for (size_t i = 0; i < peersOf[t].size(); ++i) {
+      conns_[static_cast<size_t>(peersOf[t][i])] = std::move(conns[i]);
+      transportOf_[static_cast<size_t>(peersOf[t][i])] = transports_[t]->name();
+    }
+  }
   conns_[static_cast<size_t>(rank)] = std::make_unique<SelfConnection>(rank);
 
   // 4. Wait until every rank is connected, so nobody leaves while another still needs the store.
@@ -153,6 +179,15 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
     LOOM_INFO("node %d of %d, local rank %d of %d", nodeOf(rank), nodeCount(), localRank(), localSize());
     for (int r = 0; r < size; ++r)
       if (r != rank) LOOM_INFO("%s", conns_[static_cast<size_t>(r)]->describe().c_str());
+  }
+  if (logLevel() >= LogLevel::Info) {
+    std::map<std::string, std::vector<int>> byTransport;
+    for (int r = 0; r < size; ++r)
+      if (r != rank) byTransport[transportOf_[static_cast<size_t>(r)]].push_back(r);
+    std::string summary;
+    for (const auto& [t, ranks] : byTransport)
+      summary += strFormat("%s%s to rank(s) %s", summary.empty() ? "" : "; ", t.c_str(), joinRanks(ranks).c_str());
+    LOOM_INFO("transports: %s", summary.empty() ? "none (one rank)" : summary.c_str());
   }
 }
 
@@ -190,6 +225,7 @@ CommImpl::~CommImpl() {
   if (queue_) queue_->shutdown(bye);
   engine_->stop();
   sendEngine_->stop();
+  for (auto& t : transports_) t->stop();
   for (auto& c : conns_)
     if (c) c->failAll(bye);
   conns_.clear();

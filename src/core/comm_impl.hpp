@@ -87,6 +87,10 @@ class CommImpl : public Progressable {
   int localRank() const;
   int localSize() const { return static_cast<int>(ranksOnNode(nodeOf(rank_)).size()); }
 
+  /// The transport linking this rank to `peer` ("shm", "tcp"; "self" for this rank).
+  const std::string& transportOf(int peer) const { return transportOf_[static_cast<size_t>(peer)]; }
+  std::string describeLink(int peer) const { return conns_[static_cast<size_t>(peer)]->describe(); }
+
   // ---- Cost model inputs measured at init (collectives/tune.hpp); unset unless LOOM_TUNE. ----
   void setLink(const LinkModel& m) { link_ = m; }
   const std::optional<LinkModel>& link() const { return link_; }
@@ -118,6 +122,7 @@ class CommImpl : public Progressable {
   std::unique_ptr<ProgressEngine> sendEngine_;  // finishes writes
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<std::unique_ptr<Connection>> conns_;  // by rank
+  std::vector<std::string> transportOf_;            // by rank
   std::unique_ptr<OpQueue> queue_;
   std::atomic<int64_t> nextSeq_{0};
   std::atomic<bool> aborted_{false};

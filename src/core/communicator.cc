@@ -151,6 +151,16 @@ int Communicator::nodeOf(int rank) const {
   c.checkPeer(rank, "nodeOf");
   return c.nodeOf(rank);
 }
+std::string Communicator::transportOf(int peer) const {
+  auto& c = live(impl_);
+  c.checkPeer(peer, "transportOf");
+  return c.transportOf(peer);
+}
+std::string Communicator::describeLink(int peer) const {
+  auto& c = live(impl_);
+  c.checkPeer(peer, "describeLink");
+  return c.describeLink(peer);
+}
 const std::string& Communicator::name() const { return live(impl_).name(); }
 std::chrono::milliseconds Communicator::timeout() const { return live(impl_).timeout(); }
 void Communicator::checkError() const { live(impl_).checkOk(); }

@@ -4,6 +4,7 @@
 #include "core/param.hpp"
 #include "core/status.hpp"
 #include "transport/interfaces.hpp"
+#include "transport/shm/shm_transport.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
 namespace loom {
@@ -15,6 +16,7 @@ LOOM_PARAM_STR(transportParam, "LOOM_TRANSPORT", "", "transports allowed, e.g. t
 
 const std::vector<TransportEntry>& allTransports() {
   static const std::vector<TransportEntry> table = {
+      {"shm", [] { return std::unique_ptr<Transport>(new shm::ShmTransport()); }},
       {"tcp", [] { return std::unique_ptr<Transport>(new tcp::TcpTransport()); }},
   };
   return table;

@@ -6,7 +6,8 @@
 // A Connection links this rank to one peer. Its isend/irecv never block and never throw: the
 // outcome arrives through the Request. Messages between one pair of ranks with one tag match in
 // the order they were sent. The communicator's progress engines drive connections (one thread
-// reads, one finishes writes); a Connection starts no thread of its own.
+// reads, one finishes writes); a Connection starts no thread of its own. The shared-memory
+// transport has its own progress thread (shm/shm_engine.hpp says why), stopped through stop().
 //
 // Ownership: the communicator owns transports and connections; connections hold a raw
 // back-reference to the engine, which the communicator stops before destroying them.
@@ -61,16 +62,27 @@ struct TransportContext {
   std::shared_ptr<FailureState> failure;
   Deadline deadline{std::chrono::milliseconds(0)};  ///< for setting up
   int socketsPerPeer = 2;
+  std::vector<int> nodeOf;  ///< by rank: its node (ranks that can share memory), once known
 };
 
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
+  /// Whether this transport can link this rank to `peer` (ctx.nodeOf is set). The registry gives
+  /// each pair the first transport that can.
+  virtual bool reaches(const TransportContext& ctx, int peer) const {
+    (void)ctx;
+    (void)peer;
+    return true;
+  }
   /// Publishes this rank's endpoint in ctx.store. Called before connect() on every rank.
   virtual void publish(TransportContext& ctx) = 0;
   /// Connects to every rank in `peers`, all ranks at once; returns connections indexed like peers.
   virtual std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) = 0;
+  /// Stops any thread of the transport's own (shared memory's progress thread), so that the
+  /// communicator can destroy the connections next. Idempotent.
+  virtual void stop() noexcept {}
 };
 
 }  // namespace loom

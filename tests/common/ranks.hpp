@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +25,54 @@ inline constexpr loom::DataType kAllTypes[] = {
     loom::DataType::Int8,    loom::DataType::Uint8,   loom::DataType::Int32,   loom::DataType::Uint32,
     loom::DataType::Int64,   loom::DataType::Uint64,  loom::DataType::Float16, loom::DataType::Float32,
     loom::DataType::Float64, loom::DataType::Bfloat16};
+
+/// Per-rank option changes runRanks applies (e.g. a host identity per rank, to make "nodes" of
+/// threads); set it for a scope with PerRankOptions.
+inline std::function<void(int rank, loom::Options&)>& perRankOptions() {
+  static std::function<void(int, loom::Options&)> fn;
+  return fn;
+}
+
+class PerRankOptions {
+ public:
+  explicit PerRankOptions(std::function<void(int, loom::Options&)> fn) { perRankOptions() = std::move(fn); }
+  ~PerRankOptions() { perRankOptions() = nullptr; }
+  PerRankOptions(const PerRankOptions&) = delete;
+  PerRankOptions& operator=(const PerRankOptions&) = delete;
+};
+
+/// How the ranks of a test are linked: "shm" (all on one node: shared memory, the default),
+/// "tcp" (LOOM_TRANSPORT=tcp), "mixed" (two "nodes" by host identity, even and odd ranks: shared
+/// memory within each, TCP between). Sets it up for the object's lifetime.
+class TransportSetup {
+ public:
+  explicit TransportSetup(const std::string& mode) {
+    if (mode == "tcp") {
+      const char* old = std::getenv("LOOM_TRANSPORT");
+      hadOld_ = old != nullptr;
+      if (hadOld_) old_ = old;
+      setenv("LOOM_TRANSPORT", "tcp", 1);
+      restoreEnv_ = true;
+    } else if (mode == "mixed") {
+      perRank_.emplace([](int r, loom::Options& o) { o.hostId = r % 2 == 0 ? "even-node" : "odd-node"; });
+    }
+  }
+  ~TransportSetup() {
+    if (!restoreEnv_) return;
+    if (hadOld_) {
+      setenv("LOOM_TRANSPORT", old_.c_str(), 1);
+    } else {
+      unsetenv("LOOM_TRANSPORT");
+    }
+  }
+  TransportSetup(const TransportSetup&) = delete;
+  TransportSetup& operator=(const TransportSetup&) = delete;
+
+ private:
+  bool restoreEnv_ = false, hadOld_ = false;
+  std::string old_;
+  std::optional<PerRankOptions> perRank_;
+};
 
 struct RankResult {
   std::string error;
@@ -44,7 +94,9 @@ inline std::vector<RankResult> runRanks(int n, const std::function<void(loom::Co
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        loom::Communicator comm(r, n, id, options);
+        loom::Options mine = options;
+        if (perRankOptions()) perRankOptions()(r, mine);
+        loom::Communicator comm(r, n, id, mine);
         {
           std::lock_guard<std::mutex> lock(mu);
           live[static_cast<size_t>(r)] = &comm;

@@ -321,12 +321,16 @@ const char* kColls[] = {"all_reduce", "reduce", "broadcast", "all_gather", "redu
 
 }  // namespace
 
-// The full datatype x op matrix at small counts, for every world size 1..8 and every algorithm.
-class SmallMatrix : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+// The full datatype x op matrix at small counts, for every world size 1..8 and every algorithm,
+// over shared memory (ranks of one node); then over TCP and over mixed links (two "nodes") for a
+// selection of world sizes and algorithms.
+using MatrixParam = std::tuple<int, const char*, const char*>;  // ranks, algorithms, transport
+class SmallMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
 TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
   const int n = std::get<0>(GetParam());
   AlgoGuard algo(std::get<1>(GetParam()));
+  loomtest::TransportSetup links(std::get<2>(GetParam()));
   loomtest::runOk(n, [&](loom::Communicator& c) {
     for (const char* coll : kColls) {
       const bool reduces =
@@ -345,20 +349,34 @@ TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Collectives, SmallMatrix,
+std::string matrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
+  return std::to_string(std::get<0>(info.param)) + "ranks_" + algoTestName(std::get<1>(info.param)) + "_" +
+         std::get<2>(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, SmallMatrix,
                          ::testing::Combine(::testing::Range(1, 9),
-                                            ::testing::Values("", "ring", "ring+3", "rd,tree", "dbtree", "chain")),
-                         [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
-                                  algoTestName(std::get<1>(info.param));
-                         });
+                                            ::testing::Values("", "ring", "ring+3", "rd,tree", "dbtree", "chain"),
+                                            ::testing::Values("shm")),
+                         matrixName);
+INSTANTIATE_TEST_SUITE_P(Tcp, SmallMatrix,
+                         ::testing::Combine(::testing::Values(2, 3, 8),
+                                            ::testing::Values("", "ring+3", "rd,tree", "dbtree", "chain"),
+                                            ::testing::Values("tcp")),
+                         matrixName);
+INSTANTIATE_TEST_SUITE_P(Mixed, SmallMatrix,
+                         ::testing::Combine(::testing::Values(2, 3, 5, 8),
+                                            ::testing::Values("", "ring+3", "rd,tree", "dbtree"),
+                                            ::testing::Values("mixed")),
+                         matrixName);
 
 // Large counts (several chunks per segment) for a few types, every algorithm.
-class LargeCounts : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+class LargeCounts : public ::testing::TestWithParam<MatrixParam> {};
 
 TEST_P(LargeCounts, EveryCollective) {
   const int n = std::get<0>(GetParam());
   AlgoGuard algo(std::get<1>(GetParam()));
+  loomtest::TransportSetup links(std::get<2>(GetParam()));
   loomtest::runOk(n, [&](loom::Communicator& c) {
     for (const char* coll : kColls)
       for (auto [t, op] : {std::pair{DataType::Float32, ReduceOp::Sum}, std::pair{DataType::Int64, ReduceOp::Max},
@@ -373,20 +391,28 @@ TEST_P(LargeCounts, EveryCollective) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Collectives, LargeCounts,
+INSTANTIATE_TEST_SUITE_P(Shm, LargeCounts,
                          ::testing::Combine(::testing::Values(2, 3, 5, 8),
-                                            ::testing::Values("ring", "ring+4", "rd,tree", "dbtree")),
-                         [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
-                                  algoTestName(std::get<1>(info.param));
-                         });
+                                            ::testing::Values("ring", "ring+4", "rd,tree", "dbtree"),
+                                            ::testing::Values("shm")),
+                         matrixName);
+INSTANTIATE_TEST_SUITE_P(Tcp, LargeCounts,
+                         ::testing::Combine(::testing::Values(3, 8), ::testing::Values("ring+4", "dbtree"),
+                                            ::testing::Values("tcp")),
+                         matrixName);
+INSTANTIATE_TEST_SUITE_P(Mixed, LargeCounts,
+                         ::testing::Combine(::testing::Values(3, 5), ::testing::Values("ring+4", "rd,tree"),
+                                            ::testing::Values("mixed")),
+                         matrixName);
 
 TEST(Collectives, AllReduce64MiB) {
-  for (int n : {2, 4}) {
-    loomtest::runOk(n, [&](loom::Communicator& c) {
-      runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Sum, 16u << 20, false, 0});
-    });
-  }
+  for (const char* links : {"shm", "tcp", "mixed"})
+    for (int n : {2, 4}) {
+      loomtest::TransportSetup setup(links);
+      loomtest::runOk(n, [&](loom::Communicator& c) {
+        runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Sum, 16u << 20, false, 0});
+      });
+    }
 }
 
 // With links measured at init (LOOM_TUNE=1) every rank must still pick the same algorithm for every

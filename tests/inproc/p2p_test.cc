@@ -1,4 +1,4 @@
-// Point-to-point over TCP, ranks as threads: every datatype, sizes from 0 to beyond the eager
+// Point-to-point over shared memory, TCP and both, ranks as threads: every datatype, sizes from 0 to beyond the eager
 // limit, world sizes 1 to 8, both directions at once, many messages in flight, tags, errors.
 #include <gtest/gtest.h>
 
@@ -40,20 +40,36 @@ void allPairs(loom::Communicator& c, size_t count, DataType type, int msg) {
 
 }  // namespace
 
-class WorldSize : public ::testing::TestWithParam<int> {};
+// World size and links ("shm", "tcp", "mixed": common/ranks.hpp).
+class WorldSize : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
 
 TEST_P(WorldSize, EveryPairEveryTypeAndSize) {
   const size_t counts[] = {0, 1, 2, 7, 13, 1021, 65537, (1u << 18) + 3};
-  runOk(GetParam(), [&](loom::Communicator& c) {
+  loomtest::TransportSetup links(std::get<1>(GetParam()));
+  runOk(std::get<0>(GetParam()), [&](loom::Communicator& c) {
     int msg = 0;
     for (DataType t : loomtest::kAllTypes)
       for (size_t n : counts) allPairs(c, n, t, msg++);
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(P2P, WorldSize, ::testing::Range(1, 9));
+std::string worldName(const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
+  return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
+}
+INSTANTIATE_TEST_SUITE_P(Shm, WorldSize, ::testing::Combine(::testing::Range(1, 9), ::testing::Values("shm")),
+                         worldName);
+INSTANTIATE_TEST_SUITE_P(Tcp, WorldSize, ::testing::Combine(::testing::Values(2, 3, 8), ::testing::Values("tcp")),
+                         worldName);
+INSTANTIATE_TEST_SUITE_P(Mixed, WorldSize, ::testing::Combine(::testing::Values(3, 8), ::testing::Values("mixed")),
+                         worldName);
 
-TEST(P2P, LargeBothDirectionsAtOnce) {
+// The point-to-point cases below run over each kind of link.
+class P2PLinks : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Links, P2PLinks, ::testing::Values("shm", "tcp", "mixed"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST_P(P2PLinks, LargeBothDirectionsAtOnce) {
+  loomtest::TransportSetup links(GetParam());
   // 80 MiB each way at once between two ranks (above the 64 MiB the suite promises).
   const size_t bytes = (80u << 20) + 5;
   runOk(2, [&](loom::Communicator& c) {
@@ -70,7 +86,8 @@ TEST(P2P, LargeBothDirectionsAtOnce) {
   });
 }
 
-TEST(P2P, ManyInFlightArriveInOrder) {
+TEST_P(P2PLinks, ManyInFlightArriveInOrder) {
+  loomtest::TransportSetup links(GetParam());
   // 2000 messages of mixed sizes on one tag: they must match in send order.
   runOk(3, [&](loom::Communicator& c) {
     const int to = (c.rank() + 1) % 3, from = (c.rank() + 2) % 3;
@@ -95,7 +112,8 @@ TEST(P2P, ManyInFlightArriveInOrder) {
   });
 }
 
-TEST(P2P, TagsMatchIndependently) {
+TEST_P(P2PLinks, TagsMatchIndependently) {
+  loomtest::TransportSetup links(GetParam());
   runOk(2, [&](loom::Communicator& c) {
     if (c.rank() == 0) {
       std::vector<int32_t> a(10, 1), b(100000, 2);
@@ -119,6 +137,7 @@ TEST(P2P, TagsMatchIndependently) {
 // waiting on one tag, a small message consuming a large receive, a message too large for the
 // hint, receives posted late (no hint) and a hint racing its send.
 TEST(P2P, ReadyHintsFollowMatchingOrder) {
+  loomtest::TransportSetup links("tcp");  // READY hints are TCP's
   auto fill = [](std::vector<uint8_t>& v, int seed) {
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(seed * 31 + i * 7);
   };
@@ -160,7 +179,8 @@ TEST(P2P, ReadyHintsFollowMatchingOrder) {
   });
 }
 
-TEST(P2P, SmallerMessageIsAcceptedAndReported) {
+TEST_P(P2PLinks, SmallerMessageIsAcceptedAndReported) {
+  loomtest::TransportSetup links(GetParam());
   runOk(2, [&](loom::Communicator& c) {
     if (c.rank() == 0) {
       std::vector<float> v(10, 1.0f);
@@ -176,7 +196,8 @@ TEST(P2P, SmallerMessageIsAcceptedAndReported) {
   });
 }
 
-TEST(P2P, LargerMessageThanReceiveIsAnErrorNotATruncation) {
+TEST_P(P2PLinks, LargerMessageThanReceiveIsAnErrorNotATruncation) {
+  loomtest::TransportSetup links(GetParam());
   for (size_t count : {size_t{100}, size_t{1} << 20}) {  // eager, then RTS/CTS
     runOk(2, [&](loom::Communicator& c) {
       std::vector<uint8_t> big(count, 7), small(count / 2, 0), next(4, 0);

@@ -2,8 +2,19 @@
 //   exchange   fromEnv, check rank/size against EXPECT_RANK/EXPECT_SIZE, ring exchange, barrier
 //   fail       rank FAIL_RANK exits with status 7 at once; the others sleep (to be stopped)
 //   sleep      sleep 60 s (to be interrupted)
+//   collectives all-reduce, broadcast and all-gather of 8 B to 8 MiB, checked; prints each link
+//   loop       all-reduces of 4 MiB until one fails (a peer killed meanwhile); prints the error
+// With NO_CMA_SECCOMP=1 the process first installs a seccomp filter that makes process_vm_readv
+// fail with EPERM, as container runtimes' default profiles do.
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,8 +23,77 @@
 
 #include "loom/loom.hpp"
 
+namespace {
+
+void refuseCrossMemoryAttach() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+    std::perror("seccomp");
+    std::exit(5);
+  }
+}
+
+int collectives(loom::Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  for (int p = 0; p < n; ++p)
+    if (p != me) std::printf("rank %d link: %s\n", me, c.describeLink(p).c_str());
+  for (size_t count : {size_t{2}, size_t{1021}, size_t{65537}, size_t{2} << 20}) {
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((i % 100) + me);
+    c.allReduce(v.data(), v.data(), count, loom::DataType::Float32, loom::ReduceOp::Sum);
+    for (size_t i = 0; i < count; ++i) {
+      const float want = static_cast<float>(n * (i % 100)) + static_cast<float>(n * (n - 1) / 2);
+      if (v[i] != want) {
+        std::fprintf(stderr, "rank %d: all_reduce element %zu is %g, not %g\n", me, i, v[i], want);
+        return 4;
+      }
+    }
+    std::vector<int32_t> b(count, me == n - 1 ? 77 : -1);
+    c.broadcast(b.data(), b.data(), count, loom::DataType::Int32, n - 1);
+    for (int32_t x : b)
+      if (x != 77) {
+        std::fprintf(stderr, "rank %d: broadcast gave %d\n", me, x);
+        return 4;
+      }
+    std::vector<int32_t> mine(count, me), all(count * static_cast<size_t>(n), -1);
+    c.allGather(mine.data(), all.data(), count, loom::DataType::Int32);
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i] != static_cast<int32_t>(i / count)) {
+        std::fprintf(stderr, "rank %d: all_gather element %zu is %d\n", me, i, all[i]);
+        return 4;
+      }
+  }
+  std::printf("rank %d of %d ok\n", me, n);
+  return 0;
+}
+
+int loop(loom::Communicator& c) {
+  std::vector<float> v(1u << 20, 1.0f);
+  for (long i = 0;; ++i) {
+    if (i == 3) {
+      std::printf("rank %d looping\n", c.rank());
+      std::fflush(stdout);
+    }
+    try {
+      c.allReduce(v.data(), v.data(), v.size(), loom::DataType::Float32, loom::ReduceOp::Max);
+    } catch (const loom::Error& e) {
+      std::printf("rank %d failed: %s\n", c.rank(), e.what());
+      return 1;
+    }
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::string scenario = argc > 1 ? argv[1] : "exchange";
+  if (const char* s = std::getenv("NO_CMA_SECCOMP"); s != nullptr && std::string(s) == "1") refuseCrossMemoryAttach();
   if (scenario == "fail") {
     if (std::getenv("RANK") != nullptr && std::atoi(std::getenv("RANK")) == std::atoi(std::getenv("FAIL_RANK")))
       return 7;
@@ -28,6 +108,8 @@ int main(int argc, char** argv) {
   }
   try {
     loom::Communicator c = loom::Communicator::fromEnv();
+    if (scenario == "collectives") return collectives(c);
+    if (scenario == "loop") return loop(c);
     if (const char* r = std::getenv("EXPECT_RANK"); r != nullptr && std::atoi(r) != c.rank()) {
       std::fprintf(stderr, "rank %d, expected %s\n", c.rank(), r);
       return 3;

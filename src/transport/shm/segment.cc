@@ -1,0 +1,255 @@
+#include "transport/shm/segment.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include "core/format.hpp"
+#include "core/status.hpp"
+
+namespace loom {
+namespace shm {
+namespace {
+
+constexpr size_t kPage = 4096;
+
+size_t roundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+size_t headerBytes() { return roundUp(sizeof(SegmentHeader), kPage); }
+size_t controlBytes(int slots) { return roundUp(sizeof(RingControl) * static_cast<size_t>(slots), kPage); }
+
+std::string hex(const uint8_t* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s += d[p[i] >> 4];
+    s += d[p[i] & 15];
+  }
+  return s;
+}
+
+}  // namespace
+
+SegmentTestHooks& segmentTestHooks() {
+  static SegmentTestHooks hooks;
+  return hooks;
+}
+
+Segment::~Segment() {
+  unlink();
+  if (base_ != nullptr) munmap(base_, bytes_);
+}
+
+Segment& Segment::operator=(Segment&& o) noexcept {
+  if (this != &o) {
+    unlink();
+    if (base_ != nullptr) munmap(base_, bytes_);
+    base_ = o.base_;
+    bytes_ = o.bytes_;
+    name_ = std::move(o.name_);
+    owned_ = o.owned_;
+    o.base_ = nullptr;
+    o.bytes_ = 0;
+    o.owned_ = false;
+  }
+  return *this;
+}
+
+std::string Segment::nameFor(const Nonce& commId, int rank) {
+  std::string name = "/loom-" + hex(commId.data(), 8) + "-" + std::to_string(rank);
+  if (segmentTestHooks().rename) name = segmentTestHooks().rename(name);
+  return name;
+}
+
+size_t Segment::sizeFor(int slots, size_t ringBytes) {
+  return headerBytes() + controlBytes(slots) + static_cast<size_t>(slots) * ringBytes;
+}
+
+RingControl* Segment::ring(int slot) const {
+  return reinterpret_cast<RingControl*>(static_cast<uint8_t*>(base_) + headerBytes()) + slot;
+}
+
+uint8_t* Segment::ringData(int slot) const {
+  const auto* h = header();
+  return static_cast<uint8_t*>(base_) + headerBytes() + controlBytes(static_cast<int>(h->slots)) +
+         static_cast<size_t>(slot) * static_cast<size_t>(h->ringBytes);
+}
+
+Segment Segment::create(const std::string& name, int owner, int slots, size_t ringBytes, const Nonce& commId) {
+  const size_t bytes = sizeFor(slots, ringBytes);
+  const std::string path = "/dev/shm" + name;
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == EEXIST) {
+      LOOM_THROW(ErrorCode::System, owner,
+                 strFormat("shared-memory segment %s already exists: another job, or a killed one, holds that name "
+                           "(remove the file if no job uses it; LOOM_TRANSPORT=^shm avoids shared memory)",
+                           path.c_str()));
+    }
+    LOOM_THROW(ErrorCode::System, owner,
+               strFormat("cannot create shared-memory segment %s: %s", path.c_str(), errnoText(e).c_str()));
+  }
+  Segment seg;
+  seg.name_ = name;
+  seg.owned_ = true;
+  // From here on the destructor unlinks the name if anything throws.
+  int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc != 0) {
+    close(fd);
+    if (rc == ENOSPC) {
+      LOOM_THROW(ErrorCode::System, owner,
+                 strFormat("no room in /dev/shm for shared-memory segment %s of %zu bytes (%d rings of %zu bytes): "
+                           "free space there (df /dev/shm), lower LOOM_SHM_RING_BYTES, or set LOOM_TRANSPORT=^shm",
+                           path.c_str(), bytes, slots, ringBytes));
+    }
+    LOOM_THROW(
+        ErrorCode::System, owner,
+        strFormat("cannot size shared-memory segment %s to %zu bytes: %s", path.c_str(), bytes, errnoText(rc).c_str()));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    LOOM_THROW(ErrorCode::System, owner,
+               strFormat("cannot map shared-memory segment %s: %s", path.c_str(), errnoText(e).c_str()));
+  }
+  seg.base_ = p;
+  seg.bytes_ = bytes;
+
+  // fallocate zeroed the pages: every atomic starts at 0.
+  auto* h = seg.header();
+  h->magic = kSegmentMagic;
+  h->version = kSegmentVersion;
+  h->slots = static_cast<uint32_t>(slots);
+  h->totalBytes = bytes;
+  h->ringBytes = ringBytes;
+  h->owner = static_cast<uint32_t>(owner);
+  h->pid = static_cast<int32_t>(getpid());
+  std::memcpy(h->commId, commId.data(), 16);
+  Nonce c = randomNonce();
+  std::memcpy(&h->cookie, c.data(), sizeof(h->cookie));
+  h->cookie |= 1;  // never 0, which a failed read would leave
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&h->alive, &attr);
+  pthread_mutexattr_destroy(&attr);
+  if (segmentTestHooks().afterCreate) segmentTestHooks().afterCreate(h);
+  return seg;
+}
+
+Segment Segment::attach(const std::string& name, int self, int owner, size_t expectBytes, const Nonce& commId) {
+  const std::string path = "/dev/shm" + name;
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int e = errno;
+    LOOM_THROW_PEER(ErrorCode::System, self, owner,
+                    strFormat("cannot open rank %d's shared-memory segment %s: %s (is /dev/shm shared between the "
+                              "ranks, i.e. the same IPC namespace and mount? LOOM_HOST_ID / LOOM_TRANSPORT=^shm)",
+                              owner, path.c_str(), errnoText(e).c_str()));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != expectBytes || expectBytes < headerBytes()) {
+    const long long got = static_cast<long long>(st.st_size);
+    close(fd);
+    LOOM_THROW_PEER(ErrorCode::InvalidUsage, self, owner,
+                    strFormat("rank %d's shared-memory segment %s is %lld bytes, but %zu were announced: not the "
+                              "segment rank %d created (a name collision with another job?)",
+                              owner, path.c_str(), got, expectBytes, owner));
+  }
+  void* p = mmap(nullptr, expectBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    LOOM_THROW_PEER(
+        ErrorCode::System, self, owner,
+        strFormat("cannot map rank %d's shared-memory segment %s: %s", owner, path.c_str(), errnoText(e).c_str()));
+  }
+  Segment seg;
+  seg.base_ = p;
+  seg.bytes_ = expectBytes;
+  seg.name_ = name;
+  const auto* h = seg.header();
+  std::string why;
+  if (h->magic != kSegmentMagic) {
+    why = "it is not a Loom segment (bad magic)";
+  } else if (h->version != kSegmentVersion) {
+    why = strFormat("its layout version is %u, this build speaks %u (different Loom versions in one job?)", h->version,
+                    kSegmentVersion);
+  } else if (h->totalBytes != expectBytes || h->slots == 0 || h->slots > 4096 || h->ringBytes == 0 ||
+             sizeFor(static_cast<int>(h->slots), static_cast<size_t>(h->ringBytes)) != expectBytes) {
+    why = strFormat("its header describes %llu bytes (%u rings of %llu), not the %zu bytes announced",
+                    static_cast<unsigned long long>(h->totalBytes), h->slots,
+                    static_cast<unsigned long long>(h->ringBytes), expectBytes);
+  } else if (h->owner != static_cast<uint32_t>(owner) || std::memcmp(h->commId, commId.data(), 16) != 0) {
+    why = strFormat("it belongs to rank %u of another communicator (a name collision with another job?)", h->owner);
+  }
+  if (!why.empty()) {
+    LOOM_THROW_PEER(ErrorCode::InvalidUsage, self, owner,
+                    strFormat("rank %d's shared-memory segment %s is unusable: %s", owner, path.c_str(), why.c_str()));
+  }
+  return seg;
+}
+
+void Segment::unlink() noexcept {
+  if (!owned_) return;
+  owned_ = false;
+  shm_unlink(name_.c_str());
+}
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeoutMs) noexcept {
+  timespec ts{timeoutMs / 1000, static_cast<long>(timeoutMs % 1000) * 1000000L};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>* word) noexcept {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void ring(SegmentHeader* seg, bool polled) noexcept {
+  seg->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (!polled && seg->sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&seg->doorbell);
+}
+
+void recordFailure(SegmentHeader* seg, const std::string& why) noexcept {
+  uint32_t expected = 0;
+  if (!seg->failed.compare_exchange_strong(expected, 1)) return;
+  const size_t n = std::min(why.size(), sizeof(seg->failure) - 1);
+  std::memcpy(seg->failure, why.data(), n);
+  seg->failure[n] = '\0';
+  seg->failed.store(2, std::memory_order_release);
+}
+
+std::string recordedFailure(const SegmentHeader* seg) {
+  if (seg->failed.load(std::memory_order_acquire) != 2) return "";
+  return std::string(seg->failure, strnlen(seg->failure, sizeof(seg->failure)));
+}
+
+PeerState probeOwner(SegmentHeader* seg) noexcept {
+  int rc = pthread_mutex_trylock(&seg->alive);
+  if (rc == EBUSY) return PeerState::Alive;
+  if (rc == EOWNERDEAD) {
+    // Leave it consistent and released: the next probe then says Closed, which is also "gone".
+    pthread_mutex_consistent(&seg->alive);
+    pthread_mutex_unlock(&seg->alive);
+    return PeerState::Died;
+  }
+  if (rc == 0) {
+    pthread_mutex_unlock(&seg->alive);
+    return seg->closed.load() != 0 ? PeerState::Closed : PeerState::Died;
+  }
+  return PeerState::Died;  // ENOTRECOVERABLE
+}
+
+}  // namespace shm
+}  // namespace loom

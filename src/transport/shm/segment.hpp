@@ -1,0 +1,131 @@
+// Segment: one rank's shared-memory "inbox" for one communicator, a POSIX shared-memory object
+// in /dev/shm. The rank that owns it creates it; every other rank of its node attaches it and
+// writes into its own ring there (one single-producer/single-consumer ring per local peer). The
+// owner unlinks it as soon as every local peer has attached, so nothing stays in /dev/shm after
+// setup, whatever happens to the processes later (SIGKILL included).
+//
+// Layout (page-aligned pieces): SegmentHeader | RingControl[slots] | ring data[slots].
+// The header also carries what the ranks need besides the rings: the doorbell futex word the
+// owner's progress thread sleeps on, a robust process-shared mutex the owner's progress thread
+// holds for as long as it lives (a peer that finds it released or "owner died" knows the owner
+// is gone, even across PID namespaces), and a cookie for the cross-memory-attach probe.
+//
+// Thread safety: the header and ring controls are atomics or written once before publication.
+// Ownership: a Segment owns its mapping (unmapped on destruction) and, until unlink(), its name.
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "bootstrap/auth.hpp"
+
+namespace loom {
+namespace shm {
+
+constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cULL;  // "LOOMSHM1"
+constexpr uint32_t kSegmentVersion = 1;
+constexpr size_t kCacheLine = 64;
+
+/// Control words of one ring; head and tail on their own cache lines.
+struct RingControl {
+  alignas(kCacheLine) std::atomic<uint64_t> head;             ///< bytes written so far (producer)
+  alignas(kCacheLine) std::atomic<uint64_t> tail;             ///< bytes consumed so far (consumer)
+  alignas(kCacheLine) std::atomic<uint32_t> consumerPolling;  ///< consumer threads spinning on it
+  std::atomic<uint32_t> producerPolling;                      ///< producer threads spinning on it
+  std::atomic<uint32_t> wantSpace;                            ///< the producer waits for room
+};
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t slots;
+  uint64_t totalBytes;
+  uint64_t ringBytes;
+  uint32_t owner;  ///< rank
+  int32_t pid;     ///< owner's pid, as the owner sees it
+  uint8_t commId[16];
+  uint64_t cookie;  ///< random; peers read it with process_vm_readv to test cross-memory attach
+  alignas(kCacheLine) pthread_mutex_t alive;           ///< robust; held by the owner's progress thread
+  alignas(kCacheLine) std::atomic<uint32_t> doorbell;  ///< bumped by every writer; futex word
+  std::atomic<uint32_t> sleepers;                      ///< owner threads asleep on the doorbell
+  std::atomic<uint32_t> closed;                        ///< the owner left cleanly
+  /// The owner's communicator failed: 1 while the reason is written, 2 once `failure` holds it.
+  /// Peers read it to explain what they see next (a vanished buffer, a dead process).
+  std::atomic<uint32_t> failed;
+  char failure[448];
+};
+
+/// Records `why` as the owner's failure, if none is recorded yet.
+void recordFailure(SegmentHeader* seg, const std::string& why) noexcept;
+/// The owner's recorded failure, or "".
+std::string recordedFailure(const SegmentHeader* seg);
+
+/// Hooks for tests that need a segment to go wrong (a name collision, a wrong version).
+struct SegmentTestHooks {
+  std::function<std::string(const std::string& name)> rename;  ///< replaces the chosen name
+  std::function<void(SegmentHeader*)> afterCreate;             ///< may corrupt the header
+};
+SegmentTestHooks& segmentTestHooks();
+
+class Segment {
+ public:
+  Segment() = default;
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  Segment(Segment&& o) noexcept { *this = std::move(o); }
+  Segment& operator=(Segment&& o) noexcept;
+
+  /// The name rank `rank` of communicator `commId` uses ("/loom-<id>-<rank>").
+  static std::string nameFor(const Nonce& commId, int rank);
+  /// Bytes of a segment with `slots` rings of `ringBytes` each.
+  static size_t sizeFor(int slots, size_t ringBytes);
+
+  /// Creates, sizes (fallocate: a full /dev/shm fails here, not later with SIGBUS) and maps the
+  /// segment, and initialises its header. Throws Error(System) naming the segment: EEXIST (another
+  /// job or a killed one left the same name), ENOSPC, EACCES.
+  static Segment create(const std::string& name, int owner, int slots, size_t ringBytes, const Nonce& commId);
+  /// Opens and maps a peer's segment and checks it is what `owner` published: magic, version,
+  /// size, owner and communicator. Throws Error naming the segment and the peer otherwise.
+  static Segment attach(const std::string& name, int self, int owner, size_t expectBytes, const Nonce& commId);
+
+  /// Removes the name from /dev/shm (the mapping stays). Idempotent; ENOENT is fine.
+  void unlink() noexcept;
+
+  bool valid() const { return base_ != nullptr; }
+  const std::string& name() const { return name_; }
+  size_t bytes() const { return bytes_; }
+  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
+  RingControl* ring(int slot) const;
+  uint8_t* ringData(int slot) const;
+  size_t ringBytes() const { return static_cast<size_t>(header()->ringBytes); }
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  std::string name_;
+  bool owned_ = false;  // we created it and have not unlinked it yet
+};
+
+// ---- Waiting on a doorbell across processes (shared futex). ----
+
+/// Sleeps while *word == expected, at most `timeoutMs`.
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeoutMs) noexcept;
+/// Wakes every thread asleep on word.
+void futexWakeAll(std::atomic<uint32_t>* word) noexcept;
+/// Bumps `seg`'s doorbell and wakes its owner's sleeping threads unless `polled` (a thread of the
+/// owner is spinning on the ring already and will see the bytes without a wake-up).
+void ring(SegmentHeader* seg, bool polled) noexcept;
+
+/// What a peer's liveness mutex says.
+enum class PeerState { Alive, Closed, Died };
+/// Probes (never blocks) whether the segment's owner still runs.
+PeerState probeOwner(SegmentHeader* seg) noexcept;
+
+}  // namespace shm
+}  // namespace loom

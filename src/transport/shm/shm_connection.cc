@@ -1,0 +1,578 @@
+#include "transport/shm/shm_connection.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "transport/shm/cma.hpp"
+
+namespace loom {
+namespace shm {
+namespace {
+
+// Ring copies are done in pieces of at most this much, so that a lock is never held long.
+constexpr size_t kPieceBytes = 256 * 1024;
+// Largest EAGER payload a receiver accepts (it may have to buffer it unasked).
+constexpr uint64_t kMaxEagerBytes = 4u << 20;
+
+}  // namespace
+
+ShmConnection::ShmConnection(int rank, int peer, RingView in, RingView out, SegmentHeader* mine, SegmentHeader* theirs,
+                             pid_t peerPid, std::shared_ptr<FailureState> failure, ShmOptions options,
+                             std::string description)
+    : rank_(rank),
+      peer_(peer),
+      in_(in),
+      out_(out),
+      mine_(mine),
+      theirs_(theirs),
+      peerPid_(peerPid),
+      failure_(std::move(failure)),
+      options_(options),
+      description_(std::move(description)),
+      cma_(options.cma) {}
+
+Status ShmConnection::truncation(size_t message, uint32_t tag, size_t capacity) const {
+  return Status::error(ErrorCode::InvalidUsage,
+                       strFormat("message of %zu bytes from rank %d (tag %u) is larger than the receive buffer of "
+                                 "%zu bytes: post a receive as large as the message",
+                                 message, peer_, tag, capacity),
+                       peer_);
+}
+
+Status ShmConnection::malformed(const std::string& why) const {
+  return Status::error(
+      ErrorCode::Remote,
+      strFormat("malformed data from rank %d over shared memory (%s): closing the link", peer_, why.c_str()), peer_);
+}
+
+void ShmConnection::updateBacklogLocked() {
+  // Called with the lock of whichever queue changed; the sum is a hint for pollEnd/hasWork.
+  outBacklog_.store(static_cast<int>(outq_.size()), std::memory_order_relaxed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Send side.
+
+void ShmConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept {
+  std::unique_lock<std::mutex> out(outMu_);
+  if (closed_) return req->fail(closedStatus_);
+  auto op = std::make_shared<SendOp>();
+  op->req = req;
+  op->buf = static_cast<const uint8_t*>(buf);
+  op->bytes = bytes;
+  op->tag = tag;
+  Out o;
+  o.frame.tag = tag;
+  o.frame.seq = nextSendSeq_++;
+  o.frame.bytes = bytes;
+  if (bytes <= options_.eagerBytes) {
+    o.frame.type = static_cast<uint8_t>(FrameType::Eager);
+    o.payload = op->buf;
+    o.len = bytes;
+    o.op = op;
+  } else {
+    o.frame.type = static_cast<uint8_t>(FrameType::Rts);
+    o.frame.addr = reinterpret_cast<uintptr_t>(buf);
+    awaiting_[o.frame.seq] = op;
+  }
+  enqueueLocked(std::move(o));
+}
+
+void ShmConnection::enqueueLocked(Out o) {
+  outq_.push_back(std::move(o));
+  flushLocked();
+  updateBacklogLocked();
+}
+
+bool ShmConnection::flushLocked() {
+  bool moved = false;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    while (!outq_.empty()) {
+      Out& o = outq_.front();
+      size_t room = out_.writable();
+      if (o.written == 0) {
+        if (room < kFrameBytes) break;
+        out_.write(&o.frame, kFrameBytes);
+        o.written = kFrameBytes;
+        room -= kFrameBytes;
+        moved = true;
+      }
+      size_t done = o.written - kFrameBytes;
+      while (done < o.len && room > 0) {
+        size_t n = std::min({o.len - done, room, kPieceBytes});
+        out_.write(o.payload + done, n);
+        done += n;
+        room -= n;
+        moved = true;
+      }
+      o.written = kFrameBytes + done;
+      if (done < o.len) break;
+      if (o.op) o.op->req->complete(o.op->bytes);
+      outq_.pop_front();
+    }
+    if (moved) wakePeerLocked(true);
+    if (outq_.empty()) {
+      out_.control()->wantSpace.store(0, std::memory_order_relaxed);
+      break;
+    }
+    // Ask the consumer to ring us when it frees room, then look once more: it may have freed
+    // some between our last look and the flag.
+    out_.control()->wantSpace.store(1, std::memory_order_seq_cst);
+    if (out_.writable() < kFrameBytes) break;
+  }
+  updateBacklogLocked();
+  return moved;
+}
+
+void ShmConnection::wakePeerLocked(bool consumerSide) {
+  // consumerSide: we wrote into the peer's ring (its consumer may be polling it already);
+  // otherwise we freed room in our ring for the peer's producer.
+  const bool polled = consumerSide ? out_.control()->consumerPolling.load(std::memory_order_seq_cst) > 0
+                                   : in_.control()->producerPolling.load(std::memory_order_seq_cst) > 0;
+  ring(theirs_, polled);
+}
+
+void ShmConnection::sendControl(FrameType type, uint64_t seq) {
+  std::lock_guard<std::mutex> out(outMu_);
+  if (closed_) return;
+  Out o;
+  o.frame.type = static_cast<uint8_t>(type);
+  o.frame.seq = seq;
+  outq_.push_back(o);
+  flushLocked();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receive side.
+
+void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept {
+  std::unique_lock<std::mutex> in(inMu_);
+  if (closed_) return req->fail(closedStatus_);
+  auto op = std::make_shared<RecvOp>();
+  op->req = req;
+  op->buf = static_cast<uint8_t*>(buf);
+  op->capacity = bytes;
+  op->tag = tag;
+  auto it = unexpected_.find(tag);
+  if (it == unexpected_.end()) {
+    posted_[tag].push_back(std::move(op));
+    return;
+  }
+  std::shared_ptr<Unexpected> u = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) unexpected_.erase(it);
+  const size_t message = static_cast<size_t>(u->frame.bytes);
+  if (u->frame.type == static_cast<uint8_t>(FrameType::Rts)) {
+    if (message > bytes) {
+      req->fail(truncation(message, tag, bytes));
+      in.unlock();
+      sendControl(FrameType::Nack, u->frame.seq);
+      return;
+    }
+    op->bytes = message;
+    op->seq = u->frame.seq;
+    op->remote = u->frame.addr;
+    startLargeLocked(op);
+    // The read is for whoever polls first: the waiter, or the engine we wake here.
+    ring(mine_, false);
+    return;
+  }
+  if (message > bytes) {
+    req->fail(truncation(message, tag, bytes));
+    return;
+  }
+  op->bytes = message;
+  if (u->complete) {
+    if (message > 0) std::memcpy(op->buf, u->data.data(), message);
+    req->complete(message);
+  } else {
+    u->claimedBy = op;
+  }
+}
+
+void ShmConnection::startLargeLocked(const std::shared_ptr<RecvOp>& op) {
+  if (cma_.load(std::memory_order_relaxed)) {
+    cmaJobs_.push_back(op);
+    cmaBacklog_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  incoming_[op->seq] = op;
+  // outMu_ after inMu_: the documented order.
+  sendControl(FrameType::Cts, op->seq);
+}
+
+bool ShmConnection::runCmaLocked(std::unique_lock<std::mutex>& in) {
+  if (cmaBusy_ || cmaJobs_.empty()) return false;
+  std::shared_ptr<RecvOp> op = cmaJobs_.front();
+  cmaJobs_.pop_front();
+  cmaBacklog_.fetch_sub(1, std::memory_order_relaxed);
+  cmaBusy_ = true;
+  in.unlock();
+  const int err = cmaRead(peerPid_, op->buf, op->remote, op->bytes);
+  in.lock();
+  cmaBusy_ = false;
+  if (closed_) {
+    op->req->fail(closedStatus_);
+    return true;
+  }
+  if (err == 0) {
+    op->req->complete(op->bytes);
+    sendControl(FrameType::Done, op->seq);
+    return true;
+  }
+  if (err == EPERM || err == ENOSYS || err == EACCES) {
+    // Refused after the probe passed (a policy change, a seccomp filter): copy through the ring.
+    if (cma_.exchange(false)) {
+      LOOM_WARN("process_vm_readv from rank %d refused (%s): copying large messages through the ring from now on",
+                peer_, errnoText(err).c_str());
+    }
+    incoming_[op->seq] = op;
+    sendControl(FrameType::Cts, op->seq);
+    // Turn the other queued reads into ring transfers too.
+    for (auto& j : cmaJobs_) {
+      incoming_[j->seq] = j;
+      sendControl(FrameType::Cts, j->seq);
+    }
+    cmaBacklog_.fetch_sub(static_cast<int>(cmaJobs_.size()), std::memory_order_relaxed);
+    cmaJobs_.clear();
+    return true;
+  }
+  // The peer's memory or process is gone: it failed or exited. Say why where it left word.
+  const std::string theirReason = recordedFailure(theirs_);
+  Status st = Status::error(
+      ErrorCode::Remote,
+      !theirReason.empty()
+          ? strFormat("rank %d stopped after an error of its own (%s) while rank %d read a message from it", peer_,
+                      theirReason.c_str(), rank_)
+          : strFormat("reading %zu bytes from rank %d's memory failed (%s): rank %d (pid %d) has probably exited "
+                      "or freed the buffer of a send it abandoned",
+                      op->bytes, peer_, errnoText(err).c_str(), peer_, static_cast<int>(peerPid_)),
+      peer_);
+  op->req->fail(st);
+  in.unlock();
+  failFrom(st);
+  in.lock();
+  return true;
+}
+
+bool ShmConnection::readLocked(std::unique_lock<std::mutex>& in) {
+  bool moved = false;
+  size_t consumed = 0;
+  for (;;) {
+    if (closed_) break;
+    if (runCmaLocked(in)) {
+      moved = true;
+      continue;
+    }
+    const size_t avail = in_.readable();
+    if (avail == 0) break;
+    if (sink_ == Sink::None) {
+      Frame f;
+      in_.read(&f, kFrameBytes);
+      consumed += kFrameBytes;
+      moved = true;
+      Status st = onFrameLocked(f);
+      if (!st.ok) {
+        in.unlock();
+        failFrom(st);
+        in.lock();
+        return true;
+      }
+      continue;
+    }
+    const size_t n = std::min({avail, static_cast<size_t>(cur_.bytes) - payloadDone_, kPieceBytes});
+    switch (sink_) {
+      case Sink::Direct:
+        in_.read(sinkOp_->buf + payloadDone_, n);
+        break;
+      case Sink::Unexpected:
+        in_.read(sinkUnexpected_->data.data() + payloadDone_, n);
+        break;
+      default:
+        in_.skip(n);
+        break;
+    }
+    payloadDone_ += n;
+    consumed += n;
+    moved = true;
+    if (payloadDone_ == cur_.bytes) finishPayloadLocked();
+    if (consumed >= in_.capacity() / 4) {
+      // Let a producer waiting for room go on while we copy the rest.
+      if (in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked(false);
+      consumed = 0;
+    }
+  }
+  if (consumed > 0 && in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked(false);
+  return moved;
+}
+
+Status ShmConnection::onFrameLocked(const Frame& f) {
+  const auto type = static_cast<FrameType>(f.type);
+  switch (type) {
+    case FrameType::Eager:
+    case FrameType::Rts: {
+      const bool eager = type == FrameType::Eager;
+      if (eager && f.bytes > kMaxEagerBytes) return malformed("eager message larger than the protocol allows");
+      if (!eager && f.addr == 0) return malformed("large message without an address");
+      auto pit = posted_.find(f.tag);
+      if (pit == posted_.end()) {
+        auto u = std::make_shared<Unexpected>();
+        u->frame = f;
+        if (eager) {
+          u->data.resize(static_cast<size_t>(f.bytes));
+          u->complete = f.bytes == 0;
+          if (!u->complete) {
+            cur_ = f;
+            payloadDone_ = 0;
+            sink_ = Sink::Unexpected;
+            sinkUnexpected_ = u;
+          }
+        } else {
+          u->complete = true;
+        }
+        unexpected_[f.tag].push_back(std::move(u));
+        return Status::success();
+      }
+      std::shared_ptr<RecvOp> op = pit->second.front();
+      pit->second.pop_front();
+      if (pit->second.empty()) posted_.erase(pit);
+      const size_t message = static_cast<size_t>(f.bytes);
+      if (message > op->capacity) {
+        op->req->fail(truncation(message, f.tag, op->capacity));
+        if (eager) {
+          if (message > 0) {
+            cur_ = f;
+            payloadDone_ = 0;
+            sink_ = Sink::Discard;
+          }
+        } else {
+          sendControl(FrameType::Nack, f.seq);
+        }
+        return Status::success();
+      }
+      op->bytes = message;
+      if (!eager) {
+        op->seq = f.seq;
+        op->remote = f.addr;
+        startLargeLocked(op);
+        return Status::success();
+      }
+      if (message == 0) {
+        op->req->complete(0);
+        return Status::success();
+      }
+      cur_ = f;
+      payloadDone_ = 0;
+      sink_ = Sink::Direct;
+      sinkOp_ = op;
+      return Status::success();
+    }
+    case FrameType::Data: {
+      auto it = incoming_.find(f.seq);
+      if (it == incoming_.end()) return malformed("data for a message that was not accepted");
+      if (f.bytes != it->second->bytes) return malformed("data of the wrong size");
+      cur_ = f;
+      payloadDone_ = 0;
+      sinkOp_ = it->second;
+      incoming_.erase(it);
+      if (f.bytes == 0) {
+        sink_ = Sink::Direct;
+        finishPayloadLocked();
+      } else {
+        sink_ = Sink::Direct;
+      }
+      return Status::success();
+    }
+    case FrameType::Done:
+    case FrameType::Cts:
+    case FrameType::Nack: {
+      std::lock_guard<std::mutex> out(outMu_);
+      auto it = awaiting_.find(f.seq);
+      if (it == awaiting_.end()) return malformed("answer for a message that was not announced");
+      std::shared_ptr<SendOp> op = it->second;
+      awaiting_.erase(it);
+      if (type == FrameType::Done) {
+        op->req->complete(op->bytes);
+      } else if (type == FrameType::Nack) {
+        op->req->fail(Status::error(ErrorCode::InvalidUsage,
+                                    strFormat("message of %zu bytes to rank %d (tag %u) is larger than the receive "
+                                              "buffer rank %d posted",
+                                              op->bytes, peer_, op->tag, peer_),
+                                    peer_));
+      } else {
+        Out o;
+        o.frame.type = static_cast<uint8_t>(FrameType::Data);
+        o.frame.seq = f.seq;
+        o.frame.bytes = op->bytes;
+        o.payload = op->buf;
+        o.len = op->bytes;
+        o.op = op;
+        outq_.push_back(std::move(o));
+        flushLocked();
+      }
+      return Status::success();
+    }
+  }
+  return malformed(strFormat("unknown frame type %u", f.type));
+}
+
+void ShmConnection::finishPayloadLocked() {
+  if (sink_ == Sink::Direct) {
+    sinkOp_->req->complete(sinkOp_->bytes);
+  } else if (sink_ == Sink::Unexpected) {
+    auto u = sinkUnexpected_;
+    u->complete = true;
+    if (u->claimedBy) {
+      auto op = u->claimedBy;
+      if (!u->data.empty()) std::memcpy(op->buf, u->data.data(), u->data.size());
+      op->req->complete(u->data.size());
+    }
+  }
+  sink_ = Sink::None;
+  sinkOp_.reset();
+  sinkUnexpected_.reset();
+  payloadDone_ = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress, liveness, failure.
+
+bool ShmConnection::progress() noexcept {
+  bool moved = false;
+  {
+    std::unique_lock<std::mutex> in(inMu_, std::try_to_lock);
+    if (in.owns_lock()) moved |= readLocked(in);
+  }
+  if (outBacklog_.load(std::memory_order_relaxed) > 0) {
+    std::unique_lock<std::mutex> out(outMu_, std::try_to_lock);
+    if (out.owns_lock() && !closed_ && !outq_.empty()) moved |= flushLocked();
+  }
+  return moved;
+}
+
+bool ShmConnection::hasWork() const noexcept {
+  return in_.readable() > 0 || outBacklog_.load(std::memory_order_relaxed) > 0 ||
+         cmaBacklog_.load(std::memory_order_relaxed) > 0;
+}
+
+bool ShmConnection::needsEngine() const noexcept {
+  if (pollers_.load(std::memory_order_relaxed) > 0) return false;
+  return in_.readable() > 0 || cmaBacklog_.load(std::memory_order_relaxed) > 0 ||
+         (outBacklog_.load(std::memory_order_relaxed) > 0 && out_.writable() > 0);
+}
+
+void ShmConnection::pollBegin() noexcept {
+  pollers_.fetch_add(1);
+  in_.control()->consumerPolling.fetch_add(1, std::memory_order_seq_cst);
+  out_.control()->producerPolling.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void ShmConnection::pollEnd() noexcept {
+  in_.control()->consumerPolling.fetch_sub(1, std::memory_order_seq_cst);
+  out_.control()->producerPolling.fetch_sub(1, std::memory_order_seq_cst);
+  pollers_.fetch_sub(1);
+  // Bytes a peer wrote while we polled did not ring our engine: hand them over now.
+  if (hasWork()) ring(mine_, false);
+}
+
+void ShmConnection::checkPeer() noexcept {
+  const PeerState st = probeOwner(theirs_);
+  const std::string theirReason = recordedFailure(theirs_);
+  if (st == PeerState::Alive && theirReason.empty()) return;
+  if (in_.readable() > 0) return;  // read what it left first; the next check decides
+  bool pending;
+  {
+    std::lock_guard<std::mutex> in(inMu_);
+    std::lock_guard<std::mutex> out(outMu_);
+    if (closed_ || cmaBusy_) return;
+    pending = hasPendingLocked();
+  }
+  const std::string because = theirReason.empty() ? std::string() : " after an error of its own: " + theirReason;
+  Status s;
+  if (st == PeerState::Died) {
+    s = Status::error(ErrorCode::Remote,
+                      strFormat("rank %d (pid %d, same node) died%s%s", peer_, static_cast<int>(peerPid_),
+                                theirReason.empty() ? ": its process exited or was killed without closing its "
+                                                      "communicator (shared memory)"
+                                                    : "",
+                                because.c_str()),
+                      peer_);
+  } else if (st == PeerState::Closed) {
+    s = Status::error(ErrorCode::Remote,
+                      strFormat("rank %d closed its communicator%s%s", peer_,
+                                pending ? " while this rank still had messages with it" : "", because.c_str()),
+                      peer_);
+  } else {
+    s = Status::error(ErrorCode::Remote, strFormat("rank %d stopped%s", peer_, because.c_str()), peer_);
+  }
+  if (!pending && st != PeerState::Died) {
+    // Nothing waits on the peer: close the link only (a later operation on it fails with this),
+    // and leave the communicator to the ranks still in it.
+    std::lock_guard<std::mutex> in(inMu_);
+    std::lock_guard<std::mutex> out(outMu_);
+    failLocked(s, false);
+    return;
+  }
+  failFrom(s);
+}
+
+bool ShmConnection::hasPendingLocked() const {
+  if (cmaBusy_ || !posted_.empty() || !incoming_.empty() || !cmaJobs_.empty() || !outq_.empty() || !awaiting_.empty() ||
+      sink_ != Sink::None)
+    return true;
+  for (const auto& [tag, q] : unexpected_)
+    for (const auto& u : q)
+      if (u->claimedBy) return true;
+  return false;
+}
+
+void ShmConnection::failFrom(const Status& st) noexcept {
+  failAll(st);
+  if (failure_) failure_->fail(st);
+}
+
+void ShmConnection::failAll(const Status& status) noexcept {
+  std::unique_lock<std::mutex> in(inMu_);
+  std::unique_lock<std::mutex> out(outMu_);
+  failLocked(status, true);
+}
+
+bool ShmConnection::failLocked(const Status& st, bool record) {
+  if (closed_) return false;
+  closed_ = true;
+  closedStatus_ = st;
+  // Leave word for the peer (it reads it to explain what it sees next), unless this rank is
+  // leaving cleanly: its progress thread marked the segment closed first.
+  if (record && mine_->closed.load() == 0) recordFailure(mine_, st.message);
+  bool any = false;
+  auto failReq = [&](const RequestPtr& r) {
+    if (!r->done()) any = true;
+    r->fail(st);
+  };
+  for (auto& [tag, q] : posted_)
+    for (auto& op : q) failReq(op->req);
+  posted_.clear();
+  for (auto& [tag, q] : unexpected_)
+    for (auto& u : q)
+      if (u->claimedBy) failReq(u->claimedBy->req);
+  unexpected_.clear();
+  if (sinkUnexpected_ && sinkUnexpected_->claimedBy) failReq(sinkUnexpected_->claimedBy->req);
+  if (sinkOp_) failReq(sinkOp_->req);
+  for (auto& [seq, op] : incoming_) failReq(op->req);
+  incoming_.clear();
+  for (auto& op : cmaJobs_) failReq(op->req);  // a read in progress fails when it returns
+  cmaJobs_.clear();
+  for (auto& o : outq_)
+    if (o.op) failReq(o.op->req);
+  outq_.clear();
+  for (auto& [seq, op] : awaiting_) failReq(op->req);
+  awaiting_.clear();
+  outBacklog_.store(0);
+  cmaBacklog_.store(0);
+  return any;
+}
+
+}  // namespace shm
+}  // namespace loom

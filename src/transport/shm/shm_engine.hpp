@@ -1,0 +1,50 @@
+// ShmEngine: the shared-memory transport's progress thread, one per communicator and rank. It
+// moves bytes on the rank's shared-memory connections when no waiting thread does, sleeps on the
+// rank's doorbell (a futex word in its segment that every writer bumps) when there is nothing to
+// do, and checks now and then that the peers still live.
+//
+// Why a thread of its own and not the epoll ProgressEngine: a futex cannot join an epoll set, and
+// the alternative (an eventfd per rank passed over a Unix socket) needs a channel that network
+// namespaces and containers often cut. The thread also holds the segment's liveness mutex for
+// its whole life, which is what tells peers that this rank is alive (segment.hpp).
+//
+// Threads: start() and stop() from the communicator's thread; add() before start().
+#pragma once
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "transport/shm/shm_connection.hpp"
+
+namespace loom {
+namespace shm {
+
+class ShmEngine {
+ public:
+  ShmEngine(int rank, SegmentHeader* mine) : rank_(rank), mine_(mine) {}
+  ~ShmEngine() { stop(); }
+  ShmEngine(const ShmEngine&) = delete;
+  ShmEngine& operator=(const ShmEngine&) = delete;
+
+  /// Starts the thread and returns once it holds the liveness mutex.
+  void start();
+  /// Connections to drive; they must outlive stop(). Before start() or while it runs.
+  void add(ShmConnection* c);
+  /// Marks the segment closed (a clean exit), releases the liveness mutex and joins. Idempotent.
+  void stop();
+
+ private:
+  void run(std::atomic<int>* started);
+
+  const int rank_;
+  SegmentHeader* const mine_;  // mapped by the transport, which stops us before unmapping
+  std::mutex mu_;
+  std::vector<ShmConnection*> conns_;  // guarded by mu_; copied by the thread when it changes
+  std::atomic<uint32_t> version_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace shm
+}  // namespace loom

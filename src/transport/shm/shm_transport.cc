@@ -1,0 +1,187 @@
+#include "transport/shm/shm_transport.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/param.hpp"
+#include "transport/shm/cma.hpp"
+#include "transport/shm/shm_connection.hpp"
+
+namespace loom {
+namespace shm {
+namespace {
+
+LOOM_PARAM_INT(ringBytesParam, "LOOM_SHM_RING_BYTES", 1 << 20,
+               "bytes of each shared-memory ring (one per local peer and direction)");
+LOOM_PARAM_INT(eagerBytesParam, "LOOM_SHM_EAGER_BYTES", 64 * 1024,
+               "largest shared-memory message copied through the ring; larger ones are read directly from the "
+               "sender (process_vm_readv) where the kernel allows it");
+LOOM_PARAM_INT(cmaParam, "LOOM_SHM_CMA", 1,
+               "1: use process_vm_readv for large shared-memory messages where it works; 0: always copy through "
+               "the ring");
+
+constexpr const char* kGaveUp = "error: ";
+
+std::string sizeText(size_t b) {
+  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+}  // namespace
+
+ShmTransport::~ShmTransport() { stop(); }
+
+void ShmTransport::stop() noexcept {
+  if (engine_) engine_->stop();
+}
+
+bool ShmTransport::reaches(const TransportContext& ctx, int peer) const {
+  return !ctx.nodeOf.empty() && ctx.nodeOf[static_cast<size_t>(peer)] == ctx.nodeOf[static_cast<size_t>(ctx.rank)];
+}
+
+std::vector<std::unique_ptr<Connection>> ShmTransport::connect(TransportContext& ctx, const std::vector<int>& peers) {
+  if (peers.empty()) return {};
+  try {
+    return setUp(ctx, peers);
+  } catch (const Error& e) {
+    // Tell the local peers at once (they may be waiting on us), instead of leaving them to their
+    // deadline. A peer that already read our endpoint finds the segment gone and looks again.
+    ctx.store->setString("shm/" + std::to_string(ctx.rank), std::string(kGaveUp) + e.what());
+    throw;
+  }
+}
+
+std::optional<std::string> ShmTransport::awaitFromPeer(TransportContext& ctx, const std::string& key, int peer) {
+  const std::string endpoint = "shm/" + std::to_string(peer);
+  for (;;) {
+    if (auto v = ctx.store->tryGet(key)) return std::string(v->begin(), v->end());
+    if (key != endpoint) peerGaveUp(ctx, peer);
+    if (ctx.deadline.expired()) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+void ShmTransport::peerGaveUp(TransportContext& ctx, int peer) {
+  auto v = ctx.store->tryGet("shm/" + std::to_string(peer));
+  if (!v) return;
+  std::string text(v->begin(), v->end());
+  if (text.rfind(kGaveUp, 0) != 0) return;
+  LOOM_THROW_PEER(
+      ErrorCode::Remote, ctx.rank, peer,
+      strFormat("rank %d gave up setting up shared memory: %s", peer, text.substr(std::strlen(kGaveUp)).c_str()));
+}
+
+std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& ctx, const std::vector<int>& peers) {
+  std::vector<std::unique_ptr<Connection>> out;
+  const int rank = ctx.rank;
+  Store& store = *ctx.store;
+  // Every rank of the node gets a slot in every other's segment: slot = index among the node's
+  // ranks leaving out the segment's owner.
+  std::vector<int> local;
+  for (int r = 0; r < ctx.size; ++r)
+    if (reaches(ctx, r)) local.push_back(r);
+  auto slotIn = [&](int owner, int writer) {
+    int idx = static_cast<int>(std::find(local.begin(), local.end(), writer) - local.begin());
+    int ownerIdx = static_cast<int>(std::find(local.begin(), local.end(), owner) - local.begin());
+    return idx > ownerIdx ? idx - 1 : idx;
+  };
+  const int slots = static_cast<int>(local.size()) - 1;
+  int64_t ringParam = ringBytesParam();
+  if (ringParam < 4096 || ringParam > (int64_t{1} << 40)) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank,
+               strFormat("LOOM_SHM_RING_BYTES=%lld is out of range (4096 to 2^40)", static_cast<long long>(ringParam)));
+  }
+  const size_t ringBytes = (static_cast<size_t>(ringParam) + 4095) / 4096 * 4096;
+
+  // 1. Our segment, our progress thread, our announcement.
+  const std::string name = Segment::nameFor(ctx.commId, rank);
+  mine_ = Segment::create(name, rank, slots, ringBytes, ctx.commId);
+  engine_ = std::make_unique<ShmEngine>(rank, mine_.header());
+  engine_->start();
+  store.setString("shm/" + std::to_string(rank),
+                  strFormat("%s %zu %d %" PRIu64, name.c_str(), mine_.bytes(), static_cast<int>(getpid()),
+                            static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&mine_.header()->cookie))));
+
+  // 2. Attach the peers' segments and tell each owner how it went.
+  std::map<int, std::pair<int, uint64_t>> pidCookie;  // peer -> (pid, cookie address)
+  for (int p : peers) {
+    auto v = awaitFromPeer(ctx, "shm/" + std::to_string(p), p);
+    if (!v) {
+      LOOM_THROW_PEER(
+          ErrorCode::Timeout, rank, p,
+          strFormat("rank %d did not publish its shared-memory segment within %.0f s", p, ctx.deadline.totalSeconds()));
+    }
+    const std::string& text = *v;
+    if (text.rfind(kGaveUp, 0) == 0) peerGaveUp(ctx, p);
+    char peerName[256] = {0};
+    size_t bytes = 0;
+    int pid = 0;
+    uint64_t cookieAddr = 0;
+    if (std::sscanf(text.c_str(), "%255s %zu %d %" SCNu64, peerName, &bytes, &pid, &cookieAddr) != 4) {
+      LOOM_THROW_PEER(ErrorCode::Remote, rank, p,
+                      strFormat("rank %d published a malformed shared-memory endpoint \"%s\"", p, text.c_str()));
+    }
+    const std::string ack = "shm-att/" + std::to_string(p) + "/" + std::to_string(rank);
+    try {
+      theirs_[p] = Segment::attach(peerName, rank, p, bytes, ctx.commId);
+    } catch (const Error& e) {
+      peerGaveUp(ctx, p);  // its segment went because it failed: say why it did
+      store.setString(ack, e.what());
+      throw;
+    }
+    store.setString(ack, "ok");
+    pidCookie[p] = {pid, cookieAddr};
+  }
+
+  // 3. Once every peer has attached ours, unlink it.
+  for (int p : peers) {
+    auto v = awaitFromPeer(ctx, "shm-att/" + std::to_string(rank) + "/" + std::to_string(p), p);
+    if (!v) {
+      LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
+                      strFormat("rank %d did not attach shared-memory segment /dev/shm%s within %.0f s", p,
+                                name.c_str(), ctx.deadline.totalSeconds()));
+    }
+    const std::string& answer = *v;
+    if (answer != "ok") {
+      LOOM_THROW_PEER(ErrorCode::Remote, rank, p,
+                      strFormat("rank %d could not attach this rank's shared-memory segment /dev/shm%s: %s", p,
+                                name.c_str(), answer.c_str()));
+    }
+  }
+  mine_.unlink();
+
+  // 4. Connections, with cross-memory attach where the probe passes.
+  const bool cmaWanted = cmaParam() != 0;
+  for (int p : peers) {
+    Segment& theirs = theirs_[p];
+    const auto [pid, cookieAddr] = pidCookie[p];
+    const bool cma = cmaWanted && cmaProbe(pid, cookieAddr, theirs.header()->cookie);
+    ShmOptions opt;
+    opt.eagerBytes = static_cast<size_t>(std::max<int64_t>(0, eagerBytesParam()));
+    opt.cma = cma;
+    const int inSlot = slotIn(rank, p), outSlot = slotIn(p, rank);
+    RingView in(mine_.ring(inSlot), mine_.ringData(inSlot), mine_.ringBytes());
+    RingView outRing(theirs.ring(outSlot), theirs.ringData(outSlot), theirs.ringBytes());
+    std::string how = cma ? strFormat("single copy (process_vm_readv) above %s", sizeText(opt.eagerBytes).c_str())
+                          : std::string(cmaWanted ? "process_vm_readv refused: every message copied through the ring"
+                                                  : "every message copied through the ring (LOOM_SHM_CMA=0)");
+    std::string desc = strFormat("rank %d <-> rank %d: shm, rings of %s each way (segments %s, %s); %s", rank, p,
+                                 sizeText(ringBytes).c_str(), name.c_str(), theirs.name().c_str(), how.c_str());
+    auto conn = std::make_unique<ShmConnection>(rank, p, in, outRing, mine_.header(), theirs.header(), pid, ctx.failure,
+                                                opt, desc);
+    engine_->add(conn.get());
+    out.push_back(std::move(conn));
+  }
+  return out;
+}
+
+}  // namespace shm
+}  // namespace loom

@@ -1,0 +1,219 @@
+// The shared-memory transport, ranks as threads of one process (one node): which transport each
+// pair gets, the copy paths (single copy, ring fallback, refusal in mid-run), nothing left in
+// /dev/shm, and bad input at setup (a name collision, a full /dev/shm, a segment of the wrong
+// version). Collectives and point-to-point over shared memory are covered by the matrices in
+// collectives_test.cc and p2p_test.cc; processes and SIGKILL by the multiproc suite.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/ranks.hpp"
+#include "transport/shm/cma.hpp"
+#include "transport/shm/segment.hpp"
+
+using loom::DataType;
+using loomtest::pattern;
+
+namespace {
+
+std::set<std::string> loomSegments() {
+  std::set<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind("loom-", 0) == 0) out.insert(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~EnvVar() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// Every rank sends every other rank one message of each size, all at once, and checks them.
+void exchangeSizes(loom::Communicator& c, int round) {
+  const int n = c.size(), me = c.rank();
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{4093}, size_t{65536}, size_t{65537}, size_t{3} << 20}) {
+    std::vector<std::vector<uint8_t>> out(n), in(n);
+    std::vector<loom::Work> w;
+    for (int p = 0; p < n; ++p) {
+      in[p].assign(bytes, 0xEE);
+      w.push_back(c.irecv(in[p].data(), bytes, DataType::Uint8, p, 3));
+    }
+    for (int p = 0; p < n; ++p) {
+      out[p].resize(bytes);
+      for (size_t i = 0; i < bytes; ++i) out[p][i] = pattern(me, p, round, i);
+      w.push_back(c.isend(out[p].data(), bytes, DataType::Uint8, p, 3));
+    }
+    loom::waitAll(w);
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < bytes; ++i)
+        if (in[p][i] != pattern(p, me, round, i)) FAIL() << "byte " << i << " of " << bytes << " from rank " << p;
+  }
+}
+
+struct HookReset {
+  ~HookReset() {
+    loom::shm::segmentTestHooks() = {};
+    loom::shm::cmaForcedErrno().store(0);
+  }
+};
+
+}  // namespace
+
+TEST(Shm, RanksOfOneNodeUseSharedMemoryAndLeaveNothingInDevShm) {
+  const auto before = loomSegments();
+  loomtest::runOk(4, [&](loom::Communicator& c) {
+    for (int p = 0; p < c.size(); ++p) {
+      EXPECT_EQ(c.transportOf(p), p == c.rank() ? "self" : "shm") << "peer " << p;
+      if (p != c.rank()) {
+        EXPECT_NE(c.describeLink(p).find("shm"), std::string::npos) << c.describeLink(p);
+      }
+    }
+    // Joined: every segment is unlinked already, while the communicator lives.
+    c.barrier();
+    if (c.rank() == 0) {
+      EXPECT_EQ(loomSegments(), before);
+    }
+    c.barrier();
+    exchangeSizes(c, 0);
+  });
+  EXPECT_EQ(loomSegments(), before);
+}
+
+TEST(Shm, MixedNodesUseSharedMemoryWithinAndTcpAcross) {
+  loomtest::TransportSetup links("mixed");  // even ranks on one "node", odd ranks on another
+  loomtest::runOk(5, [&](loom::Communicator& c) {
+    for (int p = 0; p < c.size(); ++p) {
+      const char* want = p == c.rank() ? "self" : (p % 2 == c.rank() % 2 ? "shm" : "tcp");
+      EXPECT_EQ(c.transportOf(p), want) << "rank " << c.rank() << " peer " << p;
+    }
+    exchangeSizes(c, 1);
+  });
+}
+
+TEST(Shm, ExcludedByLoomTransport) {
+  EnvVar only("LOOM_TRANSPORT", "^shm");
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    for (int p = 0; p < c.size(); ++p)
+      if (p != c.rank()) {
+        EXPECT_EQ(c.transportOf(p), "tcp");
+      }
+    exchangeSizes(c, 2);
+  });
+}
+
+TEST(Shm, OnlySharedMemoryAcrossNodesIsAClearError) {
+  EnvVar only("LOOM_TRANSPORT", "shm");
+  loomtest::PerRankOptions nodes([](int r, loom::Options& o) { o.hostId = r == 0 ? "a" : "b"; });
+  auto results = loomtest::runRanks(2, [](loom::Communicator&) {});
+  for (const auto& r : results) {
+    EXPECT_NE(r.error.find("no allowed transport (shm) reaches rank"), std::string::npos) << r.error;
+  }
+}
+
+TEST(Shm, CopiesThroughTheRingWhereCrossMemoryAttachIsRefused) {
+  HookReset reset;
+  loom::shm::cmaForcedErrno().store(EPERM);  // as a container's seccomp policy would
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    const int peer = (c.rank() + 1) % c.size();
+    EXPECT_NE(c.describeLink(peer).find("process_vm_readv refused"), std::string::npos) << c.describeLink(peer);
+    exchangeSizes(c, 3);
+    std::vector<float> v((8u << 20) / 4 + 3, 1.0f);
+    c.allReduce(v.data(), v.data(), v.size(), DataType::Float32, loom::ReduceOp::Sum);
+    for (float x : v)
+      if (x != 3.0f) FAIL() << x;
+  });
+}
+
+TEST(Shm, RefusalInMidRunFallsBackToTheRing) {
+  HookReset reset;
+  loomtest::runOk(2, [&](loom::Communicator& c) {
+    EXPECT_NE(c.describeLink(1 - c.rank()).find("single copy"), std::string::npos) << c.describeLink(1 - c.rank());
+    exchangeSizes(c, 4);
+    c.barrier();
+    if (c.rank() == 0) loom::shm::cmaForcedErrno().store(EPERM);
+    c.barrier();
+    exchangeSizes(c, 5);  // the large messages now find process_vm_readv refused
+  });
+}
+
+TEST(Shm, ASegmentNameTakenByAnotherJobIsAClearError) {
+  HookReset reset;
+  const std::string taken = "/loom-test-collision-" + std::to_string(getpid());
+  int fd = shm_open(taken.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  loom::shm::segmentTestHooks().rename = [&](const std::string& name) {
+    return name.substr(name.size() - 2) == "-1" ? taken : name;
+  };
+  auto results = loomtest::runRanks(2, [](loom::Communicator&) {});
+  EXPECT_NE(results[1].error.find("/dev/shm" + taken + " already exists"), std::string::npos) << results[1].error;
+  EXPECT_NE(results[0].error.find("already exists"), std::string::npos) << results[0].error;  // told at once
+  shm_unlink(taken.c_str());
+  EXPECT_EQ(loomSegments().count(taken.substr(1)), 0u);
+}
+
+TEST(Shm, AFullDevShmIsAClearError) {
+  const auto before = loomSegments();
+  EnvVar huge("LOOM_SHM_RING_BYTES", "1099511627776");  // 1 TiB per ring: more than any /dev/shm
+  auto results = loomtest::runRanks(2, [](loom::Communicator&) {});
+  for (const auto& r : results) EXPECT_NE(r.error, "");
+  bool named = false;
+  for (const auto& r : results)
+    named |= r.error.find("no room in /dev/shm for shared-memory segment") != std::string::npos;
+  EXPECT_TRUE(named) << results[0].error << "\n" << results[1].error;
+  EXPECT_EQ(loomSegments(), before);  // the failed segment is removed, not left behind
+}
+
+TEST(Shm, ASegmentOfAnotherVersionIsAClearError) {
+  HookReset reset;
+  const auto before = loomSegments();
+  loom::shm::segmentTestHooks().afterCreate = [](loom::shm::SegmentHeader* h) {
+    if (h->owner == 1) h->version = 99;
+  };
+  auto results = loomtest::runRanks(3, [](loom::Communicator&) {});
+  // The ranks attaching rank 1's segment say what is wrong with it; rank 1 hears why.
+  EXPECT_NE(results[0].error.find("rank 1's shared-memory segment"), std::string::npos) << results[0].error;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(results[r].error.find("version is 99"), std::string::npos) << "rank " << r << ": " << results[r].error;
+  EXPECT_EQ(loomSegments(), before);
+}
+
+TEST(Shm, ManySmallMessagesThroughATinyRing) {
+  // A ring smaller than most messages: every send waits for room, in pieces, both ways at once.
+  EnvVar tiny("LOOM_SHM_RING_BYTES", "4096");
+  EnvVar eager("LOOM_SHM_EAGER_BYTES", "20000");
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    for (int round = 10; round < 13; ++round) exchangeSizes(c, round);
+    std::vector<int64_t> v(100003);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>(i) * (c.rank() + 1);
+    c.allReduce(v.data(), v.data(), v.size(), DataType::Int64, loom::ReduceOp::Sum);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] != static_cast<int64_t>(i) * 6) FAIL() << i;
+  });
+}
