@@ -50,12 +50,9 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
   const size_t bytes = (kind == Coll::AllGather || kind == Coll::ReduceScatter || kind == Coll::AllToAll)
                            ? a.count * a.elem * static_cast<size_t>(c.size())
                            : a.count * a.elem;
-  coll::CostModel model = coll::costModelFromEnv();
-  if (const auto& link = c.link()) {  // measured at init (LOOM_TUNE)
-    model.latencyUs = link->latencyUs;
-    model.gbps = link->gbps;
-  }
-  const Algo algo = coll::selectAlgo(kind, bytes, c.size(), model, coll::algoOverrideFromEnv());
+  const Algo algo = c.selector() != nullptr ? c.selector()->pick(kind, bytes, c.size())
+                                            : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFromEnv(),
+                                                               coll::algoOverrideFromEnv());
   auto body = [&c, kind, a, algo](int64_t seq) {
     coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo));
     switch (kind) {

@@ -28,15 +28,24 @@ void copyIfDistinct(void* dst, const void* src, size_t n) {
 }
 
 RequestPtr Context::send(int peer, const void* p, size_t bytes, int channel) {
-  return comm_.postSend(peer, p, bytes, detail::collectiveTag(seq_, channel),
-                        strFormat("%s #%lld (%s, channel %d): send of %zu B to rank %d", name_,
-                                  static_cast<long long>(seq_), algo_, channel, bytes, peer));
+  detail::Label l;
+  l.coll = name_;
+  l.algo = algo_;
+  l.seq = seq_;
+  l.channel = channel;
+  l.send = true;
+  l.bytes = bytes;
+  return comm_.postSend(peer, p, bytes, detail::collectiveTag(seq_, channel), l);
 }
 
 RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel) {
-  auto r = comm_.postRecv(peer, p, bytes, detail::collectiveTag(seq_, channel),
-                          strFormat("%s #%lld (%s, channel %d): receive of %zu B from rank %d", name_,
-                                    static_cast<long long>(seq_), algo_, channel, bytes, peer));
+  detail::Label l;
+  l.coll = name_;
+  l.algo = algo_;
+  l.seq = seq_;
+  l.channel = channel;
+  l.bytes = bytes;
+  auto r = comm_.postRecv(peer, p, bytes, detail::collectiveTag(seq_, channel), l);
   r->expectBytes = bytes;
   return r;
 }

@@ -16,6 +16,8 @@ LOOM_PARAM_STR(algoParam, "LOOM_ALGO", "",
                "force algorithms: ring|rd|dbtree|tree|chain|pairwise, or per collective allreduce:dbtree,...");
 LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 40, "cost model: microseconds per message over TCP");
 LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
+LOOM_PARAM_INT(shmLatencyParam, "LOOM_SHM_LATENCY_US", 2, "cost model: microseconds per message over shared memory");
+LOOM_PARAM_INT(shmBandwidthParam, "LOOM_SHM_MBPS", 5000, "cost model: MB/s per shared-memory link");
 LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the CPU reduction kernel");
 
 std::vector<Algo> candidates(Coll c) {
@@ -104,10 +106,11 @@ const char* algoName(Algo a) {
   return "?";
 }
 
-CostModel costModelFromEnv() {
+CostModel costModelFromEnv(const std::string& transport) {
   CostModel m;
-  m.latencyUs = static_cast<double>(latencyParam());
-  m.gbps = static_cast<double>(bandwidthParam()) / 1000.0;
+  const bool shm = transport == "shm";
+  m.latencyUs = static_cast<double>(shm ? shmLatencyParam() : latencyParam());
+  m.gbps = static_cast<double>(std::max<int64_t>(1, shm ? shmBandwidthParam() : bandwidthParam())) / 1000.0;
   m.reduceGbps = static_cast<double>(std::max<int64_t>(1, reduceParam())) / 1000.0;
   m.chunkBytes = ringChunkBytes();
   m.treeChunkBytes = treeChunkBytes();
@@ -169,10 +172,10 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
   return 0;
 }
 
-Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::string& override) {
+bool forcedAlgo(Coll c, const std::string& override, Algo* out) {
   auto cands = candidates(c);
   // LOOM_ALGO: a bare name applies everywhere it exists; "coll:name" entries apply to one.
-  std::string text = override;
+  const std::string& text = override;
   size_t pos = 0;
   while (!text.empty() && pos <= text.size()) {
     size_t comma = text.find(',', pos);
@@ -188,11 +191,21 @@ Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::stri
     Algo forced;
     if (!name.empty() && parseAlgo(name, &forced)) {
       for (Algo x : cands)
-        if (x == forced) return forced;
+        if (x == forced) {
+          *out = forced;
+          return true;
+        }
     }
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
+  return false;
+}
+
+Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::string& override) {
+  Algo forced;
+  if (forcedAlgo(c, override, &forced)) return forced;
+  auto cands = candidates(c);
   Algo best = cands.front();
   double bestUs = modelUs(c, best, bytes, n, m);
   for (Algo x : cands) {
@@ -203,6 +216,18 @@ Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::stri
     }
   }
   return best;
+}
+
+Selector::Selector(const CostModel& m, const std::string& override) : m_(m) {
+  for (int c = 0; c < 6; ++c) {
+    Algo a;
+    forced_[c] = forcedAlgo(static_cast<Coll>(c), override, &a) ? static_cast<int>(a) : -1;
+  }
+}
+
+Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
+  const int f = forced_[static_cast<int>(c)];
+  return f >= 0 ? static_cast<Algo>(f) : selectAlgo(c, bytes, ranks, m_, "");
 }
 
 std::string algoOverrideFromEnv() { return algoParam(); }

@@ -28,14 +28,30 @@ struct CostModel {
   size_t channelMinBytes = 256 * 1024;  ///< LOOM_RING_CHANNEL_MIN_BYTES
 };
 
-/// The model from the environment.
-CostModel costModelFromEnv();
+/// The model from the environment, for links of `transport` ("tcp": LOOM_TCP_LATENCY_US and
+/// LOOM_TCP_MBPS; "shm": LOOM_SHM_LATENCY_US and LOOM_SHM_MBPS).
+CostModel costModelFromEnv(const std::string& transport = "tcp");
 /// Modelled microseconds of `algo` for `bytes` (the whole buffer) on `ranks` ranks.
 double modelUs(Coll c, Algo a, size_t bytes, int ranks, const CostModel& m);
 /// The algorithm for one call. `override` is LOOM_ALGO's text ("" for the model alone).
 Algo selectAlgo(Coll c, size_t bytes, int ranks, const CostModel& m, const std::string& override);
 /// LOOM_ALGO's current value.
 std::string algoOverrideFromEnv();
+/// The algorithm `override` forces for collective c, if any.
+bool forcedAlgo(Coll c, const std::string& override, Algo* out);
+
+/// One communicator's choice: its cost model and LOOM_ALGO, read once when the communicator is
+/// made (nothing is parsed per call), with the override resolved per collective. Immutable.
+class Selector {
+ public:
+  Selector(const CostModel& m, const std::string& override);
+  Algo pick(Coll c, size_t bytes, int ranks) const;
+  const CostModel& model() const { return m_; }
+
+ private:
+  CostModel m_;
+  int forced_[6];  // per Coll: the forced Algo, or -1
+};
 
 }  // namespace coll
 }  // namespace loom

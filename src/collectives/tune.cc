@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "collectives/context.hpp"
+#include "collectives/select.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
 
@@ -64,6 +65,21 @@ void measurePair(Context& c, double* latencyUs, double* usPerByte) {
 }  // namespace
 
 void tuneLinksIfAsked(detail::CommImpl& comm) {
+  measureLinksIfAsked(comm);
+  // The selector, once: the cost model of the slowest kind of link the communicator has (a flat
+  // algorithm runs at the pace of its slowest link), or the measured figures.
+  std::string slowest = "shm";
+  for (int p = 0; p < comm.size(); ++p)
+    if (comm.transportOf(p) == "tcp") slowest = "tcp";
+  CostModel model = costModelFromEnv(slowest);
+  if (const auto& link = comm.link()) {
+    model.latencyUs = link->latencyUs;
+    model.gbps = link->gbps;
+  }
+  comm.setSelector(std::make_shared<const Selector>(model, algoOverrideFromEnv()));
+}
+
+void measureLinksIfAsked(detail::CommImpl& comm) {
   if (tuneParam() == 0 || comm.size() == 1) return;
   double agreed[2] = {0, 0};
   comm.run("tune", [&](int64_t seq) {

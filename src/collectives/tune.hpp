@@ -13,9 +13,12 @@
 namespace loom {
 namespace coll {
 
-/// Measures α and β when LOOM_TUNE is set and stores them in the communicator (CommImpl::link).
-/// Collective: every rank calls it right after joining.
+/// Measures α and β when LOOM_TUNE is set and stores them in the communicator (CommImpl::link),
+/// then gives it its algorithm selector (cost model of its slowest kind of link, or the measured
+/// figures; LOOM_ALGO). Collective: every rank calls it right after joining.
 void tuneLinksIfAsked(detail::CommImpl& comm);
+/// The measuring part alone.
+void measureLinksIfAsked(detail::CommImpl& comm);
 
 }  // namespace coll
 }  // namespace loom

@@ -285,14 +285,30 @@ RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, c
   return req;
 }
 
+RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label) {
+  auto req = std::make_shared<Request>(rank_, peer, label, timeout_, failure_, progress_);
+  conns_[static_cast<size_t>(peer)]->isend(req, buf, bytes, tag);
+  return req;
+}
+
+RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label) {
+  auto req = std::make_shared<Request>(rank_, peer, label, timeout_, failure_, progress_);
+  conns_[static_cast<size_t>(peer)]->irecv(req, buf, bytes, tag);
+  return req;
+}
+
 RequestPtr CommImpl::isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag) {
   checkOk();
   checkPeer(peer, "send");
   size_t bytes = checkBuffer(buf, count, type, "send");
   if (tag >= kCollectiveTagBit)
     LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("send: tag %u is not below 2^31", tag));
-  return postSend(peer, buf, bytes, tag,
-                  strFormat("send of %zu %s to rank %d (tag %u)", count, toString(type), peer, tag));
+  Label l;
+  l.send = true;
+  l.count = count;
+  l.type = toString(type);
+  l.tag = tag;
+  return postSend(peer, buf, bytes, tag, l);
 }
 
 RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
@@ -301,8 +317,11 @@ RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uin
   size_t bytes = checkBuffer(buf, count, type, "recv");
   if (tag >= kCollectiveTagBit)
     LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("recv: tag %u is not below 2^31", tag));
-  return postRecv(peer, buf, bytes, tag,
-                  strFormat("recv of %zu %s from rank %d (tag %u)", count, toString(type), peer, tag));
+  Label l;
+  l.count = count;
+  l.type = toString(type);
+  l.tag = tag;
+  return postRecv(peer, buf, bytes, tag, l);
 }
 
 RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)> body) {
@@ -310,14 +329,20 @@ RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)
   const int64_t seq = nextSeq_.fetch_add(1);
   auto done = std::make_shared<Request>(rank_, -1, strFormat("%s #%lld", what.c_str(), static_cast<long long>(seq)),
                                         timeout_, failure_);
-  queue_->submit(done, [body = std::move(body), seq] { body(seq); });
+  queue_->submit(done, [this, body = std::move(body), seq] {
+    AttendScope attend(progress_);
+    body(seq);
+  });
   return done;
 }
 
 void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& body) {
   checkOk();
   // Inline only when idle; the sequence number is taken inside so that it follows call order.
-  bool ran = queue_->runInlineIfIdle([&] { body(nextSeq_.fetch_add(1)); });
+  bool ran = queue_->runInlineIfIdle([&] {
+    AttendScope attend(progress_);
+    body(nextSeq_.fetch_add(1));
+  });
   if (!ran) submit(what, body)->wait();
 }
 
@@ -329,6 +354,10 @@ void CommImpl::beginPolling(int peer) noexcept {
 }
 void CommImpl::endPolling(int peer) noexcept {
   if (peer >= 0 && peer < size_) conns_[static_cast<size_t>(peer)]->pollEnd();
+}
+
+void CommImpl::attend(bool on) noexcept {
+  for (auto& t : transports_) t->attend(on);
 }
 
 uint8_t* CommImpl::scratch(size_t bytes, int slot) {

@@ -24,6 +24,9 @@
 #include "transport/transport.hpp"
 
 namespace loom {
+namespace coll {
+class Selector;
+}
 namespace detail {
 
 /// Tags at or above this value belong to collectives; user tags stay below. A collective's tag
@@ -68,6 +71,8 @@ class CommImpl : public Progressable {
   // ---- For algorithms: byte-level messages on the collective tag space. ----
   RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what);
   RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what);
+  RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label);
+  RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label);
 
   /// Scratch memory for collectives, `slot` 0 to kScratchSlots-1. Only collectives use it, and they
   /// run one at a time on the op queue, so no lock is needed. Grows, never shrinks.
@@ -78,6 +83,7 @@ class CommImpl : public Progressable {
   bool pollPeer(int peer) noexcept override;
   void beginPolling(int peer) noexcept override;
   void endPolling(int peer) noexcept override;
+  void attend(bool on) noexcept override;
 
   // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
   int nodeCount() const { return static_cast<int>(nodeRanks_.size()); }
@@ -93,6 +99,9 @@ class CommImpl : public Progressable {
 
   // ---- Cost model inputs measured at init (collectives/tune.hpp); unset unless LOOM_TUNE. ----
   void setLink(const LinkModel& m) { link_ = m; }
+  /// The collectives' algorithm selector, set once right after joining (collectives/tune.cc).
+  void setSelector(std::shared_ptr<const coll::Selector> s) { selector_ = std::move(s); }
+  const coll::Selector* selector() const { return selector_.get(); }
   const std::optional<LinkModel>& link() const { return link_; }
 
   // ---- Errors and lifetime. ----
@@ -128,6 +137,7 @@ class CommImpl : public Progressable {
   std::atomic<bool> aborted_{false};
   std::vector<uint8_t> scratch_[kScratchSlots];
   std::optional<LinkModel> link_;
+  std::shared_ptr<const coll::Selector> selector_;
   std::vector<int> nodeOf_;  // by rank: index of its node, numbered by lowest rank
   std::vector<std::vector<int>>
       nodeRanks_;  // by node: its ranks  // set once, right after joining, before any user call

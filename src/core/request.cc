@@ -11,6 +11,18 @@ namespace {
 LOOM_PARAM_INT(spinWaitUs, "LOOM_SPIN_WAIT_US", 50,
                "microseconds without progress a waiter keeps polling its connection before it sleeps");
 
+// Polls that find nothing before a waiter yields its core: a few microseconds of pause
+// instructions keep a message that is about to land from costing a trip through the scheduler.
+constexpr int kPauseSpins = 64;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 int64_t spinBudgetUs() {
   static const int64_t v = spinWaitUs();
   return v;
@@ -42,6 +54,24 @@ void FailureState::setHook(std::function<void(const Status&)> hook) {
 
 namespace detail {
 
+namespace {
+thread_local ProgressHook* tlAttended = nullptr;
+}
+
+AttendScope::AttendScope(const std::shared_ptr<ProgressHook>& hook) : hook_(hook.get()), previous_(tlAttended) {
+  if (hook_ == nullptr) return;
+  hook_->attend(true);
+  tlAttended = hook_;
+}
+
+AttendScope::~AttendScope() {
+  if (hook_ == nullptr) return;
+  tlAttended = previous_;
+  hook_->attend(false);
+}
+
+ProgressHook* AttendScope::current() { return tlAttended; }
+
 Request::Request(int rank, int peer, std::string what, std::chrono::milliseconds timeout,
                  std::shared_ptr<FailureState> failure, std::shared_ptr<ProgressHook> progress)
     : rank_(rank),
@@ -50,6 +80,26 @@ Request::Request(int rank, int peer, std::string what, std::chrono::milliseconds
       timeout_(timeout),
       failure_(std::move(failure)),
       progress_(std::move(progress)) {}
+
+Request::Request(int rank, int peer, const Label& label, std::chrono::milliseconds timeout,
+                 std::shared_ptr<FailureState> failure, std::shared_ptr<ProgressHook> progress)
+    : rank_(rank),
+      peer_(peer),
+      label_(label),
+      timeout_(timeout),
+      failure_(std::move(failure)),
+      progress_(std::move(progress)) {}
+
+std::string Label::format(int peer) const {
+  if (coll == nullptr) {
+    return send ? strFormat("send of %zu %s to rank %d (tag %u)", count, type, peer, tag)
+                : strFormat("recv of %zu %s from rank %d (tag %u)", count, type, peer, tag);
+  }
+  return send ? strFormat("%s #%lld (%s, channel %d): send of %zu B to rank %d", coll, static_cast<long long>(seq),
+                          algo, channel, bytes, peer)
+              : strFormat("%s #%lld (%s, channel %d): receive of %zu B from rank %d", coll, static_cast<long long>(seq),
+                          algo, channel, bytes, peer);
+}
 
 void Request::complete(size_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
@@ -77,24 +127,38 @@ bool Request::waitUntil(Clock::time_point deadline) {
     if (progress_) progress_->begin(peer_);
     auto lastProgress = Clock::now();
     bool finished = false;
-    while (Clock::now() - lastProgress < budget) {
+    int idle = 0;
+    for (unsigned spins = 0;; ++spins) {
+      // Reading the clock costs as much as a poll: look at it every 16 rounds.
+      if ((spins & 15) == 15 && Clock::now() - lastProgress >= budget) break;
       if (done()) {
         finished = true;
         break;
       }
       if (progress_ && progress_->poll(peer_)) {
         lastProgress = Clock::now();
+        idle = 0;
+      } else if (++idle < kPauseSpins) {
+        cpuRelax();
       } else {
-        std::this_thread::yield();
+        std::this_thread::yield();  // on an oversubscribed node, let the peer run
       }
     }
     if (progress_) progress_->end(peer_);
     if (finished) return true;
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  ++sleepers_;
-  bool ok = cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_acquire); });
-  --sleepers_;
+  // Asleep, this thread polls nothing: step out of the operation it attends meanwhile, so that
+  // the transports' progress threads take over.
+  ProgressHook* attended = AttendScope::current();
+  if (attended != nullptr) attended->attend(false);
+  bool ok;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++sleepers_;
+    ok = cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_acquire); });
+    --sleepers_;
+  }
+  if (attended != nullptr) attended->attend(true);
   return ok;
 }
 
@@ -112,7 +176,7 @@ void Request::wait(std::chrono::milliseconds timeout) {
         ErrorCode::Timeout,
         strFormat("timed out after %.1f s waiting for %s: the peer may have stopped, hung or called a different "
                   "operation (LOOM_TIMEOUT sets the deadline)",
-                  deadline.totalSeconds(), what_.c_str()),
+                  deadline.totalSeconds(), what().c_str()),
         peer_);
     if (failure_) failure_->fail(s);  // fails every pending request of the communicator, this one too
     fail(s);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 
@@ -48,6 +49,8 @@ class Progressable {
   virtual bool pollPeer(int peer) noexcept = 0;
   virtual void beginPolling(int peer) noexcept = 0;
   virtual void endPolling(int peer) noexcept = 0;
+  /// A thread enters or leaves an operation in which it polls (Transport::attend).
+  virtual void attend(bool on) noexcept = 0;
 };
 
 /// Lets a waiting thread drive its communicator's connections (see Connection::poll). Shared by
@@ -68,6 +71,10 @@ class ProgressHook {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (target_ != nullptr) target_->endPolling(peer);
   }
+  void attend(bool on) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (target_ != nullptr) target_->attend(on);
+  }
   void detach() {
     std::unique_lock<std::shared_mutex> lock(mu_);
     target_ = nullptr;
@@ -80,10 +87,46 @@ class ProgressHook {
 
 namespace detail {
 
+/// Marks the calling thread as attending `hook`'s communicator for its lifetime (a collective
+/// running on it: it polls the connections itself, so transports need not wake their progress
+/// threads). A wait that gives up spinning and sleeps steps out meanwhile.
+class AttendScope {
+ public:
+  explicit AttendScope(const std::shared_ptr<ProgressHook>& hook);
+  ~AttendScope();
+  AttendScope(const AttendScope&) = delete;
+  AttendScope& operator=(const AttendScope&) = delete;
+  /// The hook the calling thread attends, or nullptr.
+  static ProgressHook* current();
+
+ private:
+  ProgressHook* hook_;
+  ProgressHook* previous_;
+};
+
+/// What a message is, for timeout and error messages: kept as fields and formatted only when a
+/// message needs it (formatting a string for every message cost about a microsecond of
+/// small-message latency). The strings are static (collective, algorithm and type names).
+struct Label {
+  const char* coll = nullptr;  ///< collective name, or nullptr for a user message
+  const char* algo = "";
+  int64_t seq = -1;
+  int channel = 0;
+  bool send = false;
+  size_t bytes = 0;  ///< collective messages
+  size_t count = 0;  ///< user messages
+  const char* type = "";
+  uint32_t tag = 0;
+  std::string format(int peer) const;
+};
+
 class Request {
  public:
   /// `what` describes the operation for timeout messages ("recv of 40 B from rank 0, tag 0").
   Request(int rank, int peer, std::string what, std::chrono::milliseconds timeout,
+          std::shared_ptr<FailureState> failure, std::shared_ptr<ProgressHook> progress = nullptr);
+  /// The same, described by a label formatted only when needed.
+  Request(int rank, int peer, const Label& label, std::chrono::milliseconds timeout,
           std::shared_ptr<FailureState> failure, std::shared_ptr<ProgressHook> progress = nullptr);
 
   /// Marks success with `bytes` moved. No-op when already done.
@@ -105,7 +148,7 @@ class Request {
   size_t bytes() const { return bytes_; }
   int rank() const { return rank_; }
   int peer() const { return peer_; }
-  const std::string& what() const { return what_; }
+  std::string what() const { return label_ ? label_->format(peer_) : what_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// For receives whose size must match exactly (collectives): the size expected, or SIZE_MAX.
   size_t expectBytes = SIZE_MAX;
@@ -116,6 +159,7 @@ class Request {
   const int rank_;
   const int peer_;
   const std::string what_;
+  const std::optional<Label> label_;
   const std::chrono::milliseconds timeout_;
   const std::shared_ptr<FailureState> failure_;
   const std::shared_ptr<ProgressHook> progress_;

@@ -83,6 +83,10 @@ class Transport {
   /// Stops any thread of the transport's own (shared memory's progress thread), so that the
   /// communicator can destroy the connections next. Idempotent.
   virtual void stop() noexcept {}
+  /// A thread of this rank enters (on) or leaves (off) an operation during which it polls its
+  /// connections itself (a collective, a wait's spin): while one is inside, a transport may skip
+  /// waking its progress thread for arriving bytes; on leaving, it hands over what is left.
+  virtual void attend(bool on) noexcept { (void)on; }
 };
 
 }  // namespace loom

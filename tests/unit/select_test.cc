@@ -68,3 +68,20 @@ TEST(Select, OverridesApplyWhereTheAlgorithmExists) {
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "warp-drive"), Algo::RecursiveDoubling);
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "nonsense,ring"), Algo::Ring);
 }
+
+TEST(Selector, ResolvesTheOverridePerCollectiveOnce) {
+  loom::coll::Selector sel(CostModel{}, "allreduce:ring,broadcast:tree");
+  EXPECT_EQ(sel.pick(Coll::AllReduce, 8, 4), Algo::Ring);
+  EXPECT_EQ(sel.pick(Coll::Broadcast, 256u << 20, 4), Algo::Binomial);
+  // Not forced: the model decides, as selectAlgo would.
+  EXPECT_EQ(sel.pick(Coll::Reduce, 256u << 20, 8), selectAlgo(Coll::Reduce, 256u << 20, 8, CostModel{}, ""));
+}
+
+TEST(Selector, SharedMemoryLinksHaveTheirOwnModel) {
+  const auto shm = loom::coll::costModelFromEnv("shm"), tcp = loom::coll::costModelFromEnv("tcp");
+  EXPECT_LT(shm.latencyUs, tcp.latencyUs);
+  EXPECT_GT(shm.gbps, tcp.gbps);
+  loom::coll::Selector sel(shm, "");
+  EXPECT_EQ(sel.pick(Coll::AllReduce, 8, 2), Algo::RecursiveDoubling);
+  EXPECT_EQ(sel.pick(Coll::AllReduce, 64u << 20, 4), Algo::Ring);
+}

@@ -216,9 +216,10 @@ void futexWakeAll(std::atomic<uint32_t>* word) noexcept {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-void ring(SegmentHeader* seg, bool polled) noexcept {
+void ring(SegmentHeader* seg) noexcept {
   seg->doorbell.fetch_add(1, std::memory_order_seq_cst);
-  if (!polled && seg->sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&seg->doorbell);
+  if (seg->attending.load(std::memory_order_seq_cst) == 0 && seg->sleepers.load(std::memory_order_seq_cst) > 0)
+    futexWakeAll(&seg->doorbell);
 }
 
 void recordFailure(SegmentHeader* seg, const std::string& why) noexcept {

@@ -33,11 +33,9 @@ constexpr size_t kCacheLine = 64;
 
 /// Control words of one ring; head and tail on their own cache lines.
 struct RingControl {
-  alignas(kCacheLine) std::atomic<uint64_t> head;             ///< bytes written so far (producer)
-  alignas(kCacheLine) std::atomic<uint64_t> tail;             ///< bytes consumed so far (consumer)
-  alignas(kCacheLine) std::atomic<uint32_t> consumerPolling;  ///< consumer threads spinning on it
-  std::atomic<uint32_t> producerPolling;                      ///< producer threads spinning on it
-  std::atomic<uint32_t> wantSpace;                            ///< the producer waits for room
+  alignas(kCacheLine) std::atomic<uint64_t> head;       ///< bytes written so far (producer)
+  alignas(kCacheLine) std::atomic<uint64_t> tail;       ///< bytes consumed so far (consumer)
+  alignas(kCacheLine) std::atomic<uint32_t> wantSpace;  ///< the producer waits for room
 };
 
 struct SegmentHeader {
@@ -53,7 +51,9 @@ struct SegmentHeader {
   alignas(kCacheLine) pthread_mutex_t alive;           ///< robust; held by the owner's progress thread
   alignas(kCacheLine) std::atomic<uint32_t> doorbell;  ///< bumped by every writer; futex word
   std::atomic<uint32_t> sleepers;                      ///< owner threads asleep on the doorbell
-  std::atomic<uint32_t> closed;                        ///< the owner left cleanly
+  /// Owner threads inside an operation that poll the rings themselves: writers need not ring.
+  std::atomic<uint32_t> attending;
+  std::atomic<uint32_t> closed;  ///< the owner left cleanly
   /// The owner's communicator failed: 1 while the reason is written, 2 once `failure` holds it.
   /// Peers read it to explain what they see next (a vanished buffer, a dead process).
   std::atomic<uint32_t> failed;
@@ -118,9 +118,10 @@ class Segment {
 void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeoutMs) noexcept;
 /// Wakes every thread asleep on word.
 void futexWakeAll(std::atomic<uint32_t>* word) noexcept;
-/// Bumps `seg`'s doorbell and wakes its owner's sleeping threads unless `polled` (a thread of the
-/// owner is spinning on the ring already and will see the bytes without a wake-up).
-void ring(SegmentHeader* seg, bool polled) noexcept;
+/// Bumps `seg`'s doorbell and wakes its owner's sleeping progress thread, unless a thread of the
+/// owner is attending (inside an operation, polling the rings itself: it will see the bytes
+/// without a wake-up, and hands over to the progress thread when it leaves).
+void ring(SegmentHeader* seg) noexcept;
 
 /// What a peer's liveness mutex says.
 enum class PeerState { Alive, Closed, Died };

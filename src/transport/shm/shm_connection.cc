@@ -1,11 +1,13 @@
 #include "transport/shm/shm_connection.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "transport/shm/cma.hpp"
+#include "transport/shm/shm_engine.hpp"
 
 namespace loom {
 namespace shm {
@@ -19,8 +21,8 @@ constexpr uint64_t kMaxEagerBytes = 4u << 20;
 }  // namespace
 
 ShmConnection::ShmConnection(int rank, int peer, RingView in, RingView out, SegmentHeader* mine, SegmentHeader* theirs,
-                             pid_t peerPid, std::shared_ptr<FailureState> failure, ShmOptions options,
-                             std::string description)
+                             pid_t peerPid, ShmEngine* engine, std::shared_ptr<FailureState> failure,
+                             ShmOptions options, std::string description)
     : rank_(rank),
       peer_(peer),
       in_(in),
@@ -28,6 +30,7 @@ ShmConnection::ShmConnection(int rank, int peer, RingView in, RingView out, Segm
       mine_(mine),
       theirs_(theirs),
       peerPid_(peerPid),
+      engine_(engine),
       failure_(std::move(failure)),
       options_(options),
       description_(std::move(description)),
@@ -112,7 +115,7 @@ bool ShmConnection::flushLocked() {
       if (o.op) o.op->req->complete(o.op->bytes);
       outq_.pop_front();
     }
-    if (moved) wakePeerLocked(true);
+    if (moved) wakePeerLocked();
     if (outq_.empty()) {
       out_.control()->wantSpace.store(0, std::memory_order_relaxed);
       break;
@@ -126,13 +129,7 @@ bool ShmConnection::flushLocked() {
   return moved;
 }
 
-void ShmConnection::wakePeerLocked(bool consumerSide) {
-  // consumerSide: we wrote into the peer's ring (its consumer may be polling it already);
-  // otherwise we freed room in our ring for the peer's producer.
-  const bool polled = consumerSide ? out_.control()->consumerPolling.load(std::memory_order_seq_cst) > 0
-                                   : in_.control()->producerPolling.load(std::memory_order_seq_cst) > 0;
-  ring(theirs_, polled);
-}
+void ShmConnection::wakePeerLocked() { ring(theirs_); }
 
 void ShmConnection::sendControl(FrameType type, uint64_t seq) {
   std::lock_guard<std::mutex> out(outMu_);
@@ -155,14 +152,15 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   op->buf = static_cast<uint8_t*>(buf);
   op->capacity = bytes;
   op->tag = tag;
-  auto it = unexpected_.find(tag);
+  // Unexpected messages in arrival order; the first with this tag matches.
+  auto it = std::find_if(unexpected_.begin(), unexpected_.end(),
+                         [tag](const std::shared_ptr<Unexpected>& x) { return x->frame.tag == tag; });
   if (it == unexpected_.end()) {
-    posted_[tag].push_back(std::move(op));
+    posted_.push_back(std::move(op));
     return;
   }
-  std::shared_ptr<Unexpected> u = it->second.front();
-  it->second.pop_front();
-  if (it->second.empty()) unexpected_.erase(it);
+  std::shared_ptr<Unexpected> u = std::move(*it);
+  unexpected_.erase(it);
   const size_t message = static_cast<size_t>(u->frame.bytes);
   if (u->frame.type == static_cast<uint8_t>(FrameType::Rts)) {
     if (message > bytes) {
@@ -175,8 +173,9 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
     op->seq = u->frame.seq;
     op->remote = u->frame.addr;
     startLargeLocked(op);
-    // The read is for whoever polls first: the waiter, or the engine we wake here.
-    ring(mine_, false);
+    // The read is for whoever polls first: a waiter, or the engine, which we wake unless a thread
+    // of ours attends.
+    ring(mine_);
     return;
   }
   if (message > bytes) {
@@ -300,11 +299,11 @@ bool ShmConnection::readLocked(std::unique_lock<std::mutex>& in) {
     if (payloadDone_ == cur_.bytes) finishPayloadLocked();
     if (consumed >= in_.capacity() / 4) {
       // Let a producer waiting for room go on while we copy the rest.
-      if (in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked(false);
+      if (in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked();
       consumed = 0;
     }
   }
-  if (consumed > 0 && in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked(false);
+  if (consumed > 0 && in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked();
   return moved;
 }
 
@@ -316,7 +315,8 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
       const bool eager = type == FrameType::Eager;
       if (eager && f.bytes > kMaxEagerBytes) return malformed("eager message larger than the protocol allows");
       if (!eager && f.addr == 0) return malformed("large message without an address");
-      auto pit = posted_.find(f.tag);
+      auto pit = std::find_if(posted_.begin(), posted_.end(),
+                              [&f](const std::shared_ptr<RecvOp>& x) { return x->tag == f.tag; });
       if (pit == posted_.end()) {
         auto u = std::make_shared<Unexpected>();
         u->frame = f;
@@ -332,12 +332,11 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
         } else {
           u->complete = true;
         }
-        unexpected_[f.tag].push_back(std::move(u));
+        unexpected_.push_back(std::move(u));
         return Status::success();
       }
-      std::shared_ptr<RecvOp> op = pit->second.front();
-      pit->second.pop_front();
-      if (pit->second.empty()) posted_.erase(pit);
+      std::shared_ptr<RecvOp> op = std::move(*pit);
+      posted_.erase(pit);
       const size_t message = static_cast<size_t>(f.bytes);
       if (message > op->capacity) {
         op->req->fail(truncation(message, f.tag, op->capacity));
@@ -465,16 +464,12 @@ bool ShmConnection::needsEngine() const noexcept {
 
 void ShmConnection::pollBegin() noexcept {
   pollers_.fetch_add(1);
-  in_.control()->consumerPolling.fetch_add(1, std::memory_order_seq_cst);
-  out_.control()->producerPolling.fetch_add(1, std::memory_order_seq_cst);
+  engine_->attend(true);
 }
 
 void ShmConnection::pollEnd() noexcept {
-  in_.control()->consumerPolling.fetch_sub(1, std::memory_order_seq_cst);
-  out_.control()->producerPolling.fetch_sub(1, std::memory_order_seq_cst);
   pollers_.fetch_sub(1);
-  // Bytes a peer wrote while we polled did not ring our engine: hand them over now.
-  if (hasWork()) ring(mine_, false);
+  engine_->attend(false);
 }
 
 void ShmConnection::checkPeer() noexcept {
@@ -522,9 +517,8 @@ bool ShmConnection::hasPendingLocked() const {
   if (cmaBusy_ || !posted_.empty() || !incoming_.empty() || !cmaJobs_.empty() || !outq_.empty() || !awaiting_.empty() ||
       sink_ != Sink::None)
     return true;
-  for (const auto& [tag, q] : unexpected_)
-    for (const auto& u : q)
-      if (u->claimedBy) return true;
+  for (const auto& u : unexpected_)
+    if (u->claimedBy) return true;
   return false;
 }
 
@@ -551,12 +545,10 @@ bool ShmConnection::failLocked(const Status& st, bool record) {
     if (!r->done()) any = true;
     r->fail(st);
   };
-  for (auto& [tag, q] : posted_)
-    for (auto& op : q) failReq(op->req);
+  for (auto& op : posted_) failReq(op->req);
   posted_.clear();
-  for (auto& [tag, q] : unexpected_)
-    for (auto& u : q)
-      if (u->claimedBy) failReq(u->claimedBy->req);
+  for (auto& u : unexpected_)
+    if (u->claimedBy) failReq(u->claimedBy->req);
   unexpected_.clear();
   if (sinkUnexpected_ && sinkUnexpected_->claimedBy) failReq(sinkUnexpected_->claimedBy->req);
   if (sinkOp_) failReq(sinkOp_->req);

@@ -32,6 +32,8 @@
 namespace loom {
 namespace shm {
 
+class ShmEngine;
+
 struct ShmOptions {
   size_t eagerBytes = 64 * 1024;  ///< largest message copied through the ring unasked
   bool cma = true;                ///< cross-memory attach allowed (probed) for this pair
@@ -42,7 +44,8 @@ class ShmConnection : public Connection {
   /// `mine` is this rank's segment header, `theirs` the peer's (both mapped by the transport,
   /// which outlives the connection). `peerPid` is the peer's pid as seen from this process.
   ShmConnection(int rank, int peer, RingView in, RingView out, SegmentHeader* mine, SegmentHeader* theirs,
-                pid_t peerPid, std::shared_ptr<FailureState> failure, ShmOptions options, std::string description);
+                pid_t peerPid, ShmEngine* engine, std::shared_ptr<FailureState> failure, ShmOptions options,
+                std::string description);
 
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept override;
@@ -107,7 +110,7 @@ class ShmConnection : public Connection {
   void sendControl(FrameType type, uint64_t seq);
   void enqueueLocked(Out out);
   bool flushLocked();
-  void wakePeerLocked(bool consumerSide);
+  void wakePeerLocked();
   void failFrom(const Status& st) noexcept;
   /// Fails every pending request and closes the link; `record`: also leave the reason in this
   /// rank's segment for the peers (a communicator failure, not one link closing).
@@ -125,6 +128,7 @@ class ShmConnection : public Connection {
   SegmentHeader* const mine_;  // valid while the transport lives, which outlives us
   SegmentHeader* const theirs_;
   const pid_t peerPid_;
+  ShmEngine* const engine_;  // the transport's; outlives us
   const std::shared_ptr<FailureState> failure_;
   const ShmOptions options_;
   const std::string description_;
@@ -132,8 +136,10 @@ class ShmConnection : public Connection {
 
   // Receive side (inMu_).
   mutable std::mutex inMu_;
-  std::map<uint32_t, std::deque<std::shared_ptr<RecvOp>>> posted_;
-  std::map<uint32_t, std::deque<std::shared_ptr<Unexpected>>> unexpected_;
+  // In posting / arrival order; matching takes the first with the tag (few are outstanding, and a
+  // flat scan beats a map of deques that allocates per tag).
+  std::deque<std::shared_ptr<RecvOp>> posted_;
+  std::deque<std::shared_ptr<Unexpected>> unexpected_;
   std::map<uint64_t, std::shared_ptr<RecvOp>> incoming_;  // CTS sent, DATA awaited
   std::deque<std::shared_ptr<RecvOp>> cmaJobs_;
   bool cmaBusy_ = false;

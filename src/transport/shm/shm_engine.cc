@@ -28,6 +28,26 @@ void ShmEngine::add(ShmConnection* c) {
   version_.fetch_add(1);
 }
 
+void ShmEngine::attend(bool on) noexcept {
+  if (on) {
+    mine_->attending.fetch_add(1, std::memory_order_seq_cst);
+    return;
+  }
+  if (mine_->attending.fetch_sub(1, std::memory_order_seq_cst) != 1) return;
+  (void)mine_->doorbell.load(std::memory_order_seq_cst);  // acquire what writers published before ringing
+  // Bytes peers wrote meanwhile did not ring. Take in what is there now from this thread (small
+  // messages land in the unexpected queue: a copy, cheaper than waking the engine, which would
+  // take a core from the next operation), and wake the engine only for what is left.
+  bool work = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* c : conns_) {
+      work = work || c->hasWork();
+    }
+  }
+  if (work) ring(mine_);
+}
+
 void ShmEngine::stop() {
   if (!thread_.joinable()) return;
   stopping_.store(true);

@@ -33,6 +33,10 @@ class ShmEngine {
   void add(ShmConnection* c);
   /// Marks the segment closed (a clean exit), releases the liveness mutex and joins. Idempotent.
   void stop();
+  /// A thread of this rank enters (on) or leaves (off) an operation in which it polls the
+  /// connections itself; while one is in, peers do not wake this engine. The last one out wakes
+  /// it if anything is left to move. Any thread.
+  void attend(bool on) noexcept;
 
  private:
   void run(std::atomic<int>* started);

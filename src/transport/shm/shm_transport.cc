@@ -175,8 +175,8 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
                                                   : "every message copied through the ring (LOOM_SHM_CMA=0)");
     std::string desc = strFormat("rank %d <-> rank %d: shm, rings of %s each way (segments %s, %s); %s", rank, p,
                                  sizeText(ringBytes).c_str(), name.c_str(), theirs.name().c_str(), how.c_str());
-    auto conn = std::make_unique<ShmConnection>(rank, p, in, outRing, mine_.header(), theirs.header(), pid, ctx.failure,
-                                                opt, desc);
+    auto conn = std::make_unique<ShmConnection>(rank, p, in, outRing, mine_.header(), theirs.header(), pid,
+                                                engine_.get(), ctx.failure, opt, desc);
     engine_->add(conn.get());
     out.push_back(std::move(conn));
   }

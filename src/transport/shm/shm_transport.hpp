@@ -36,6 +36,9 @@ class ShmTransport : public Transport {
   void publish(TransportContext&) override {}
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
   void stop() noexcept override;
+  void attend(bool on) noexcept override {
+    if (engine_) engine_->attend(on);
+  }
 
  private:
   std::vector<std::unique_ptr<Connection>> setUp(TransportContext& ctx, const std::vector<int>& peers);
