@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/select.hpp"
 #include "core/format.hpp"
 #include "core/param.hpp"
 
@@ -95,6 +96,10 @@ size_t Context::chunkElems(size_t elem) const { return std::max<size_t>(1, ringC
 size_t Context::treeChunkElems(size_t elem) const { return std::max<size_t>(1, treeChunkBytes() / elem); }
 
 int Context::ringChannels(size_t bytes) const {
+  // The communicator's model knows its links (one channel over shared memory: a single thread
+  // drives them all, so more channels only add messages); without one, the tunables.
+  if (const coll::Selector* sel = comm_.selector())
+    return planChannelCount(bytes, size(), sel->model().ringChannels, sel->model().channelMinBytes);
   return planChannelCount(bytes, size(), maxRingChannels(), ringChannelMinBytes());
 }
 

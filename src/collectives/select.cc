@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "collectives/context.hpp"
@@ -114,7 +115,9 @@ CostModel costModelFromEnv(const std::string& transport) {
   m.reduceGbps = static_cast<double>(std::max<int64_t>(1, reduceParam())) / 1000.0;
   m.chunkBytes = ringChunkBytes();
   m.treeChunkBytes = treeChunkBytes();
-  m.ringChannels = maxRingChannels();
+  // Several rings help over TCP (more sockets in flight); over shared memory one thread drives
+  // every ring, so the default there is one.
+  m.ringChannels = shm && std::getenv("LOOM_RING_CHANNELS") == nullptr ? 1 : maxRingChannels();
   m.channelMinBytes = ringChannelMinBytes();
   return m;
 }
@@ -227,7 +230,15 @@ Selector::Selector(const CostModel& m, const std::string& override) : m_(m) {
 
 Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   const int f = forced_[static_cast<int>(c)];
-  return f >= 0 ? static_cast<Algo>(f) : selectAlgo(c, bytes, ranks, m_, "");
+  if (f >= 0) return static_cast<Algo>(f);
+  // One communicator, one world size: the memo needs only the size.
+  auto& memo = last_[static_cast<int>(c)];
+  const uint64_t seen = memo.load(std::memory_order_relaxed);
+  if (seen != 0 && (seen >> 8) == bytes) return static_cast<Algo>((seen & 0xff) - 1);
+  const Algo a = selectAlgo(c, bytes, ranks, m_, "");
+  if (bytes < (uint64_t{1} << 56))
+    memo.store(static_cast<uint64_t>(bytes) << 8 | (static_cast<uint64_t>(a) + 1), std::memory_order_relaxed);
+  return a;
 }
 
 std::string algoOverrideFromEnv() { return algoParam(); }

@@ -6,7 +6,9 @@
 // for it. `loom-info --algos` prints the table of choices.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace loom {
@@ -51,6 +53,9 @@ class Selector {
  private:
   CostModel m_;
   int forced_[6];  // per Coll: the forced Algo, or -1
+  // The last choice per collective (bytes << 8 | algo + 1): back-to-back calls of one size, the
+  // usual case, skip the model. Relaxed atomics: a stale entry is only a missed shortcut.
+  mutable std::atomic<uint64_t> last_[6] = {};
 };
 
 }  // namespace coll

@@ -126,6 +126,8 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   // 2'. Which ranks share a node: equal host identities, numbered in order of their lowest rank.
   mapNodes(store, deadline);
 
+  noteRanksOnThisNode(localSize());
+
   // 3. Connect to every peer with the first transport that reaches it (shared memory within a
   // node, then the network). Every rank runs the transports in the same order, and each one's
   // setup waits only on the peers it connects, so no two ranks wait on each other crosswise.

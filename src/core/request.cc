@@ -11,10 +11,6 @@ namespace {
 LOOM_PARAM_INT(spinWaitUs, "LOOM_SPIN_WAIT_US", 50,
                "microseconds without progress a waiter keeps polling its connection before it sleeps");
 
-// Polls that find nothing before a waiter yields its core: a few microseconds of pause
-// instructions keep a message that is about to land from costing a trip through the scheduler.
-constexpr int kPauseSpins = 64;
-
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -56,6 +52,16 @@ namespace detail {
 
 namespace {
 thread_local ProgressHook* tlAttended = nullptr;
+}
+
+std::atomic<int>& pauseSpinsBeforeYield() {
+  static std::atomic<int> spins{kPauseSpinsAlone};
+  return spins;
+}
+
+void noteRanksOnThisNode(int localRanks) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (localRanks > cores) pauseSpinsBeforeYield().store(kPauseSpinsCrowded);
 }
 
 AttendScope::AttendScope(const std::shared_ptr<ProgressHook>& hook) : hook_(hook.get()), previous_(tlAttended) {
@@ -128,17 +134,28 @@ bool Request::waitUntil(Clock::time_point deadline) {
     auto lastProgress = Clock::now();
     bool finished = false;
     int idle = 0;
+    bool progressed = false;
+    const int pauseSpins = pauseSpinsBeforeYield().load(std::memory_order_relaxed);
     for (unsigned spins = 0;; ++spins) {
-      // Reading the clock costs as much as a poll: look at it every 16 rounds.
-      if ((spins & 15) == 15 && Clock::now() - lastProgress >= budget) break;
+      // Reading the clock costs as much as a poll (more on some virtual machines): look at it
+      // every 64 rounds, and note progress as a flag in between.
+      if ((spins & 63) == 63) {
+        const auto now = Clock::now();
+        if (progressed) {
+          lastProgress = now;
+          progressed = false;
+        } else if (now - lastProgress >= budget) {
+          break;
+        }
+      }
       if (done()) {
         finished = true;
         break;
       }
       if (progress_ && progress_->poll(peer_)) {
-        lastProgress = Clock::now();
+        progressed = true;
         idle = 0;
-      } else if (++idle < kPauseSpins) {
+      } else if (++idle < pauseSpins) {
         cpuRelax();
       } else {
         std::this_thread::yield();  // on an oversubscribed node, let the peer run

@@ -87,6 +87,16 @@ class ProgressHook {
 
 namespace detail {
 
+/// Polls that find nothing before a spinning waiter yields its core. With a core per rank, a
+/// waiter spins on pause instructions (a message about to land must not cost a trip through the
+/// scheduler); with more ranks than cores it yields early, so that the peer it waits for can run.
+constexpr int kPauseSpinsAlone = 4096;
+constexpr int kPauseSpinsCrowded = 64;
+std::atomic<int>& pauseSpinsBeforeYield();
+/// Called by each communicator at join with its ranks on this node: more than the cores here
+/// switches this process's waiters to yielding early.
+void noteRanksOnThisNode(int localRanks);
+
 /// Marks the calling thread as attending `hook`'s communicator for its lifetime (a collective
 /// running on it: it polls the connections itself, so transports need not wake their progress
 /// threads). A wait that gives up spinning and sleeps steps out meanwhile.

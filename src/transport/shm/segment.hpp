@@ -52,7 +52,8 @@ struct SegmentHeader {
   alignas(kCacheLine) std::atomic<uint32_t> doorbell;  ///< bumped by every writer; futex word
   std::atomic<uint32_t> sleepers;                      ///< owner threads asleep on the doorbell
   /// Owner threads inside an operation that poll the rings themselves: writers need not ring.
-  std::atomic<uint32_t> attending;
+  /// Its own line: every writer reads it on every message.
+  alignas(kCacheLine) std::atomic<uint32_t> attending;
   std::atomic<uint32_t> closed;  ///< the owner left cleanly
   /// The owner's communicator failed: 1 while the reason is written, 2 once `failure` holds it.
   /// Peers read it to explain what they see next (a vanished buffer, a dead process).

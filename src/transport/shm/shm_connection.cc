@@ -464,12 +464,13 @@ bool ShmConnection::needsEngine() const noexcept {
 
 void ShmConnection::pollBegin() noexcept {
   pollers_.fetch_add(1);
-  engine_->attend(true);
+  // A thread inside a collective attends already (AttendScope): no second write to the shared line.
+  if (detail::AttendScope::current() == nullptr) engine_->attend(true);
 }
 
 void ShmConnection::pollEnd() noexcept {
   pollers_.fetch_sub(1);
-  engine_->attend(false);
+  if (detail::AttendScope::current() == nullptr) engine_->attend(false);
 }
 
 void ShmConnection::checkPeer() noexcept {

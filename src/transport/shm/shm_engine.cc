@@ -34,7 +34,6 @@ void ShmEngine::attend(bool on) noexcept {
     return;
   }
   if (mine_->attending.fetch_sub(1, std::memory_order_seq_cst) != 1) return;
-  (void)mine_->doorbell.load(std::memory_order_seq_cst);  // acquire what writers published before ringing
   // Bytes peers wrote meanwhile did not ring. Take in what is there now from this thread (small
   // messages land in the unexpected queue: a copy, cheaper than waking the engine, which would
   // take a core from the next operation), and wake the engine only for what is left.

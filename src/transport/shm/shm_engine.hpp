@@ -29,8 +29,10 @@ class ShmEngine {
 
   /// Starts the thread and returns once it holds the liveness mutex.
   void start();
-  /// Connections to drive; they must outlive stop(). Before start() or while it runs.
+  /// Connections to drive; they must outlive stop(). Before seal().
   void add(ShmConnection* c);
+  /// No more connections: attend() may then read the list without a lock.
+  void seal() { sealed_.store(true, std::memory_order_release); }
   /// Marks the segment closed (a clean exit), releases the liveness mutex and joins. Idempotent.
   void stop();
   /// A thread of this rank enters (on) or leaves (off) an operation in which it polls the
@@ -47,6 +49,7 @@ class ShmEngine {
   std::vector<ShmConnection*> conns_;  // guarded by mu_; copied by the thread when it changes
   std::atomic<uint32_t> version_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> sealed_{false};
   std::thread thread_;
 };
 

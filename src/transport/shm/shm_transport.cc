@@ -180,6 +180,7 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
     engine_->add(conn.get());
     out.push_back(std::move(conn));
   }
+  engine_->seal();
   return out;
 }
 
