@@ -2,9 +2,13 @@
 //   loom-info          version, build features, network interfaces, transports
 //   loom-info --env    the launch detected from the environment (and where each value came
 //                      from), and every LOOM_* tunable with its current value
+//   loom-info --algos  the cost model's algorithm per size and world size
+//   loom-info --links  inside a job: the transport chosen for every pair of ranks
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "bootstrap/launcher_env.hpp"
 #include "collectives/select.hpp"
@@ -12,6 +16,7 @@
 #include "core/topology.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/loom.h"
+#include "loom/loom.hpp"
 #include "loom_config.h"
 #include "transport/interfaces.hpp"
 #include "transport/registry.hpp"
@@ -80,9 +85,43 @@ void printInfo() {
 
 }  // namespace
 
+// Joins a job (loomrun -n N loom-info --links, or under srun / mpirun / torchrun) and prints, on
+// rank 0, the transport each pair of ranks got and each rank's link descriptions.
+int printLinks() {
+  loom::Communicator c = loom::Communicator::fromEnv();
+  const int n = c.size(), me = c.rank();
+  // Every rank's view of its links: one code per peer (0 self, 1 shm, 2 tcp, 3 other).
+  std::vector<int32_t> mine(static_cast<size_t>(n)), all(static_cast<size_t>(n) * static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) {
+    const std::string t = c.transportOf(p);
+    mine[static_cast<size_t>(p)] = t == "self" ? 0 : t == "shm" ? 1 : t == "tcp" ? 2 : 3;
+  }
+  c.allGather(mine.data(), all.data(), mine.size(), loom::DataType::Int32);
+  if (me == 0) {
+    const char* names[] = {"-", "shm", "tcp", "?"};
+    std::printf("# transports of %d ranks on %d node(s): row = rank, column = peer\n%6s", n, c.nodeCount(), "");
+    for (int p = 0; p < n; ++p) std::printf(" %4d", p);
+    std::printf("\n");
+    for (int r = 0; r < n; ++r) {
+      std::printf("%4d n%d", r, c.nodeOf(r));
+      for (int p = 0; p < n; ++p) std::printf(" %4s", names[all[static_cast<size_t>(r * n + p)]]);
+      std::printf("\n");
+    }
+    std::printf("# rank 0's links:\n");
+    for (int p = 1; p < n; ++p) std::printf("  %s\n", c.describeLink(p).c_str());
+  }
+  c.barrier();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
-    std::printf("usage: loom-info [--env | --algos]\n");
+    std::printf(
+        "usage: loom-info [--env | --algos | --links]\n"
+        "  (no argument)  this host: identity, NUMA nodes, cores, NICs, GPUs, transports built in\n"
+        "  --env          the launch detected from the environment, and every LOOM_ setting\n"
+        "  --algos        the algorithm the cost model picks per size and world size\n"
+        "  --links        inside a job (loomrun -n 4 loom-info --links): the transport of every pair\n");
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "--env") == 0) {
@@ -92,6 +131,14 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--algos") == 0) {
     printAlgos();
     return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--links") == 0) {
+    try {
+      return printLinks();
+    } catch (const loom::Error& e) {
+      std::fprintf(stderr, "loom-info --links: %s\n", e.what());
+      return 1;
+    }
   }
   if (argc > 1) {
     std::fprintf(stderr, "loom-info: unknown argument %s (try --help)\n", argv[1]);

@@ -207,6 +207,26 @@ TEST(SharedMemory, SigkillInMidAllReduceIsNamedWithinSecondsAndLeavesNothing) {
   EXPECT_EQ(loomSegments(), before);
 }
 
+// Two "nodes" of two processes each (LOOM_HOST_ID, as separate hosts or containers would have):
+// shared memory within each, TCP across, as loom-info --links reports.
+TEST(SharedMemory, LoomInfoReportsTheTransportOfEveryPair) {
+  const std::string port = std::to_string(freePort());
+  std::vector<Proc> procs;
+  for (int r = 0; r < 4; ++r) {
+    Env e = torchEnv(r, 4, port);
+    e["LOOM_HOST_ID"] = r < 2 ? "node-a" : "node-b";
+    procs.push_back(start({path("LOOM_INFO"), "--links"}, e));
+  }
+  for (int r = 0; r < 4; ++r) {
+    std::string out;
+    EXPECT_EQ(finish(procs[r], 60, &out), 0) << "rank " << r << ":\n" << out;
+    if (r != 0) continue;
+    EXPECT_NE(out.find("transports of 4 ranks on 2 node(s)"), std::string::npos) << out;
+    EXPECT_NE(out.find("   0 n0    -  shm  tcp  tcp"), std::string::npos) << out;
+    EXPECT_NE(out.find("   3 n1  tcp  tcp  shm    -"), std::string::npos) << out;
+  }
+}
+
 TEST(Loomrun, RunsTheExample) {
   std::string out;
   int rc = finish(start({path("LOOMRUN"), "-n", "4", path("LOOM_EXAMPLE")}, {}), 60, &out);
