@@ -15,15 +15,17 @@ void broadcastChain(Context& c, const Args& a) {
   const int prev = pos > 0 ? (r + n - 1) % n : -1;
   auto chunks = planChunks(Segment{0, a.count}, c.chunkElems(E));
   std::vector<RequestPtr> recvs, sends;
-  if (prev < 0) {
-    copyIfDistinct(buf, a.send, a.count * E);
-  } else {
+  if (prev >= 0) {
     for (const auto& ch : chunks) recvs.push_back(c.recv(prev, buf + ch.offset * E, ch.count * E));
   }
+  // The root sends straight from its send buffer, and copies it to its receive buffer (out of
+  // place) while the chunks are on their way, instead of before.
+  const uint8_t* from = prev < 0 ? cbytes(a.send) : buf;
   for (size_t k = 0; k < chunks.size(); ++k) {
     if (prev >= 0) c.wait(recvs[k]);
-    if (next >= 0) sends.push_back(c.send(next, buf + chunks[k].offset * E, chunks[k].count * E));
+    if (next >= 0) sends.push_back(c.send(next, from + chunks[k].offset * E, chunks[k].count * E));
   }
+  if (prev < 0) copyIfDistinct(buf, a.send, a.count * E);
   c.waitAll(sends);
 }
 

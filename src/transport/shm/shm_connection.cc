@@ -185,10 +185,35 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   op->bytes = message;
   if (u->complete) {
     if (message > 0) std::memcpy(op->buf, u->data.data(), message);
+    recycleLocked(std::move(u->data));
     req->complete(message);
   } else {
     u->claimedBy = op;
   }
+}
+
+std::vector<uint8_t> ShmConnection::bufferLocked(size_t bytes) {
+  // A recycled buffer keeps its size (only its first `bytes` are used): no zero-filling, and no
+  // page faults from the heap growing and shrinking for every unexpected message.
+  for (auto it = spare_.begin(); it != spare_.end(); ++it)
+    if (it->size() >= bytes) {
+      std::vector<uint8_t> v = std::move(*it);
+      spare_.erase(it);
+      return v;
+    }
+  // Rounded up to 4 KiB so that messages of nearby sizes can share buffers.
+  std::vector<uint8_t> v;
+  v.reserve((bytes + 4095) / 4096 * 4096);
+  v.resize(v.capacity());
+  return v;
+}
+
+void ShmConnection::recycleLocked(std::vector<uint8_t>&& v) {
+  // Keep as many as a ring's worth of bytes: what a sender running ahead can have in flight.
+  size_t kept = 0;
+  for (const auto& b : spare_) kept += b.size();
+  if (v.empty() || v.size() > options_.eagerBytes || kept + v.size() > in_.capacity()) return;
+  spare_.push_back(std::move(v));
 }
 
 void ShmConnection::startLargeLocked(const std::shared_ptr<RecvOp>& op) {
@@ -321,7 +346,7 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
         auto u = std::make_shared<Unexpected>();
         u->frame = f;
         if (eager) {
-          u->data.resize(static_cast<size_t>(f.bytes));
+          u->data = bufferLocked(static_cast<size_t>(f.bytes));
           u->complete = f.bytes == 0;
           if (!u->complete) {
             cur_ = f;
@@ -425,8 +450,10 @@ void ShmConnection::finishPayloadLocked() {
     u->complete = true;
     if (u->claimedBy) {
       auto op = u->claimedBy;
-      if (!u->data.empty()) std::memcpy(op->buf, u->data.data(), u->data.size());
-      op->req->complete(u->data.size());
+      const size_t message = static_cast<size_t>(u->frame.bytes);
+      if (message > 0) std::memcpy(op->buf, u->data.data(), message);
+      recycleLocked(std::move(u->data));
+      op->req->complete(message);
     }
   }
   sink_ = Sink::None;

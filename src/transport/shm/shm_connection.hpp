@@ -87,7 +87,7 @@ class ShmConnection : public Connection {
   };
   struct Unexpected {
     Frame frame;                // EAGER or RTS
-    std::vector<uint8_t> data;  // EAGER payload
+    std::vector<uint8_t> data;  // EAGER payload: its first frame.bytes bytes (a recycled buffer may be longer)
     bool complete = false;
     std::shared_ptr<RecvOp> claimedBy;  // a receive posted while the payload was still arriving
   };
@@ -120,6 +120,8 @@ class ShmConnection : public Connection {
   Status truncation(size_t message, uint32_t tag, size_t capacity) const;
   Status malformed(const std::string& why) const;
   void updateBacklogLocked();
+  std::vector<uint8_t> bufferLocked(size_t bytes);
+  void recycleLocked(std::vector<uint8_t>&& v);
 
   const int rank_;
   const int peer_;
@@ -143,7 +145,8 @@ class ShmConnection : public Connection {
   std::map<uint64_t, std::shared_ptr<RecvOp>> incoming_;  // CTS sent, DATA awaited
   std::deque<std::shared_ptr<RecvOp>> cmaJobs_;
   bool cmaBusy_ = false;
-  Frame cur_;  // the frame whose payload is being read
+  std::deque<std::vector<uint8_t>> spare_;  // buffers of consumed unexpected messages, for reuse
+  Frame cur_;                               // the frame whose payload is being read
   Sink sink_ = Sink::None;
   std::shared_ptr<RecvOp> sinkOp_;
   std::shared_ptr<Unexpected> sinkUnexpected_;
