@@ -362,6 +362,10 @@ void CommImpl::attend(bool on) noexcept {
   for (auto& t : transports_) t->attend(on);
 }
 
+void CommImpl::waiting(bool on) noexcept {
+  for (auto& t : transports_) t->waiting(on);
+}
+
 uint8_t* CommImpl::scratch(size_t bytes, int slot) {
   auto& v = scratch_[slot];
   if (v.size() < bytes) {

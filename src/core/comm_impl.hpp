@@ -84,6 +84,7 @@ class CommImpl : public Progressable {
   void beginPolling(int peer) noexcept override;
   void endPolling(int peer) noexcept override;
   void attend(bool on) noexcept override;
+  void waiting(bool on) noexcept override;
 
   // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
   int nodeCount() const { return static_cast<int>(nodeRanks_.size()); }

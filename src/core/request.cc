@@ -168,6 +168,7 @@ bool Request::waitUntil(Clock::time_point deadline) {
   // the transports' progress threads take over.
   ProgressHook* attended = AttendScope::current();
   if (attended != nullptr) attended->attend(false);
+  if (progress_) progress_->waiting(true);
   bool ok;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -175,6 +176,7 @@ bool Request::waitUntil(Clock::time_point deadline) {
     ok = cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_acquire); });
     --sleepers_;
   }
+  if (progress_) progress_->waiting(false);
   if (attended != nullptr) attended->attend(true);
   return ok;
 }
@@ -202,6 +204,9 @@ void Request::wait(std::chrono::milliseconds timeout) {
 }
 
 bool Request::test() {
+  // Testing drives progress, as waiting does: a plain message a peer left in a shared-memory ring
+  // wakes no one while nobody waits (Transport::waiting).
+  if (!done() && progress_) progress_->poll(peer_);
   if (!done()) return false;
   throwIfFailed();
   return true;

@@ -51,6 +51,8 @@ class Progressable {
   virtual void endPolling(int peer) noexcept = 0;
   /// A thread enters or leaves an operation in which it polls (Transport::attend).
   virtual void attend(bool on) noexcept = 0;
+  /// A thread goes to sleep in a wait, or wakes (Transport::waiting).
+  virtual void waiting(bool on) noexcept = 0;
 };
 
 /// Lets a waiting thread drive its communicator's connections (see Connection::poll). Shared by
@@ -74,6 +76,10 @@ class ProgressHook {
   void attend(bool on) {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (target_ != nullptr) target_->attend(on);
+  }
+  void waiting(bool on) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (target_ != nullptr) target_->waiting(on);
   }
   void detach() {
     std::unique_lock<std::shared_mutex> lock(mu_);

@@ -87,6 +87,9 @@ class Transport {
   /// connections itself (a collective, a wait's spin): while one is inside, a transport may skip
   /// waking its progress thread for arriving bytes; on leaving, it hands over what is left.
   virtual void attend(bool on) noexcept { (void)on; }
+  /// A thread of this rank goes to sleep in a wait (on), or wakes (off): the transport must then
+  /// complete requests from its progress thread.
+  virtual void waiting(bool on) noexcept { (void)on; }
 };
 
 }  // namespace loom

@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/ranks.hpp"
@@ -215,5 +217,34 @@ TEST(Shm, ManySmallMessagesThroughATinyRing) {
     c.allReduce(v.data(), v.data(), v.size(), DataType::Int64, loom::ReduceOp::Sum);
     for (size_t i = 0; i < v.size(); ++i)
       if (v[i] != static_cast<int64_t>(i) * 6) FAIL() << i;
+  });
+}
+
+// A plain (eager) message wakes no one while nobody on the receiving rank waits or attends: it
+// must still complete a receive that is only tested, and one whose waiter sleeps at once.
+TEST(Shm, MessagesLeftInTheRingCompleteTestedAndSleepingReceives) {
+  EnvVar slowTick("LOOM_SHM_LIVENESS_MS", "3000");  // the engine's timed wake-ups cannot hide a missed one
+  loomtest::runOk(2, [&](loom::Communicator& c) {
+    std::vector<int32_t> v(1000, c.rank() == 0 ? 7 : 0);
+    if (c.rank() == 0) {
+      c.barrier();
+      c.send(v.data(), v.size(), DataType::Int32, 1, 11);
+      // Long after the receiver's wait gave up spinning and went to sleep.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      c.send(v.data(), v.size(), DataType::Int32, 1, 12);
+    } else {
+      auto tested = c.irecv(v.data(), v.size(), DataType::Int32, 0, 11);
+      c.barrier();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!tested.test() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      EXPECT_TRUE(tested.test());
+      EXPECT_EQ(v[999], 7);
+      std::vector<int32_t> w(1000, 0);
+      const auto t0 = std::chrono::steady_clock::now();
+      c.recv(w.data(), w.size(), DataType::Int32, 0, 12);
+      EXPECT_EQ(w[0], 7);
+      // Woken by the message, not by the progress thread's 3 s tick.
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+    }
   });
 }

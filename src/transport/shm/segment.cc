@@ -216,12 +216,13 @@ void futexWakeAll(std::atomic<uint32_t>* word) noexcept {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-void ring(SegmentHeader* seg) noexcept {
+void ring(SegmentHeader* seg, bool urgent) noexcept {
   // The bytes just published, then the look at `attending`: a store-load pair that needs a full
   // fence; the owner's side is the read-modify-write in ShmEngine::attend, then its look at the
   // rings. So either the owner sees the bytes when it stops attending, or we see it not attending.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (seg->attending.load(std::memory_order_relaxed) != 0) return;
+  if (!urgent && seg->waiters.load(std::memory_order_relaxed) == 0) return;
   seg->doorbell.fetch_add(1, std::memory_order_seq_cst);
   if (seg->sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&seg->doorbell);
 }

@@ -54,6 +54,9 @@ struct SegmentHeader {
   /// Owner threads inside an operation that poll the rings themselves: writers need not ring.
   /// Its own line: every writer reads it on every message.
   alignas(kCacheLine) std::atomic<uint32_t> attending;
+  /// Owner threads asleep in a wait (not polling): only then does a plain message need the
+  /// owner's progress thread at once.
+  std::atomic<uint32_t> waiters;
   std::atomic<uint32_t> closed;  ///< the owner left cleanly
   /// The owner's communicator failed: 1 while the reason is written, 2 once `failure` holds it.
   /// Peers read it to explain what they see next (a vanished buffer, a dead process).
@@ -121,8 +124,12 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeoutMs) no
 void futexWakeAll(std::atomic<uint32_t>* word) noexcept;
 /// Bumps `seg`'s doorbell and wakes its owner's sleeping progress thread, unless a thread of the
 /// owner is attending (inside an operation, polling the rings itself: it will see the bytes
-/// without a wake-up, and hands over to the progress thread when it leaves).
-void ring(SegmentHeader* seg) noexcept;
+/// without a wake-up, and hands over to the progress thread when it leaves). A message that is
+/// not `urgent` (an eager payload: its sender has finished with it) wakes the progress thread
+/// only when an owner thread waits asleep; otherwise it waits in the ring for the owner's next
+/// operation or wait, which costs nothing, where a wake-up costs a core for a moment. Urgent:
+/// anything a peer waits on (an announcement to read, an answer, room in a full ring).
+void ring(SegmentHeader* seg, bool urgent) noexcept;
 
 /// What a peer's liveness mutex says.
 enum class PeerState { Alive, Closed, Died };

@@ -90,7 +90,7 @@ void ShmConnection::enqueueLocked(Out o) {
 }
 
 bool ShmConnection::flushLocked() {
-  bool moved = false;
+  bool moved = false, urgent = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     while (!outq_.empty()) {
       Out& o = outq_.front();
@@ -111,11 +111,12 @@ bool ShmConnection::flushLocked() {
         moved = true;
       }
       o.written = kFrameBytes + done;
+      urgent = urgent || o.frame.type != static_cast<uint8_t>(FrameType::Eager);
       if (done < o.len) break;
       if (o.op) o.op->req->complete(o.op->bytes);
       outq_.pop_front();
     }
-    if (moved) wakePeerLocked();
+    if (moved) wakePeerLocked(urgent);
     if (outq_.empty()) {
       out_.control()->wantSpace.store(0, std::memory_order_relaxed);
       break;
@@ -129,7 +130,7 @@ bool ShmConnection::flushLocked() {
   return moved;
 }
 
-void ShmConnection::wakePeerLocked() { ring(theirs_); }
+void ShmConnection::wakePeerLocked(bool urgent) { ring(theirs_, urgent); }
 
 void ShmConnection::sendControl(FrameType type, uint64_t seq) {
   std::lock_guard<std::mutex> out(outMu_);
@@ -175,7 +176,7 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
     startLargeLocked(op);
     // The read is for whoever polls first: a waiter, or the engine, which we wake unless a thread
     // of ours attends.
-    ring(mine_);
+    ring(mine_, true);
     return;
   }
   if (message > bytes) {
@@ -324,11 +325,11 @@ bool ShmConnection::readLocked(std::unique_lock<std::mutex>& in) {
     if (payloadDone_ == cur_.bytes) finishPayloadLocked();
     if (consumed >= in_.capacity() / 4) {
       // Let a producer waiting for room go on while we copy the rest.
-      if (in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked();
+      if (in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked(true);
       consumed = 0;
     }
   }
-  if (consumed > 0 && in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked();
+  if (consumed > 0 && in_.control()->wantSpace.load(std::memory_order_seq_cst)) wakePeerLocked(true);
   return moved;
 }
 

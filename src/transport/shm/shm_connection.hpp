@@ -110,7 +110,7 @@ class ShmConnection : public Connection {
   void sendControl(FrameType type, uint64_t seq);
   void enqueueLocked(Out out);
   bool flushLocked();
-  void wakePeerLocked();
+  void wakePeerLocked(bool urgent);
   void failFrom(const Status& st) noexcept;
   /// Fails every pending request and closes the link; `record`: also leave the reason in this
   /// rank's segment for the peers (a communicator failure, not one link closing).

@@ -34,17 +34,39 @@ void ShmEngine::attend(bool on) noexcept {
     return;
   }
   if (mine_->attending.fetch_sub(1, std::memory_order_seq_cst) != 1) return;
-  // Bytes peers wrote meanwhile did not ring. Take in what is there now from this thread (small
-  // messages land in the unexpected queue: a copy, cheaper than waking the engine, which would
-  // take a core from the next operation), and wake the engine only for what is left.
-  bool work = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto* c : conns_) {
-      work = work || c->hasWork();
-    }
+  // Bytes peers wrote meanwhile did not ring. Take in what is there from this thread (plain
+  // messages land in their receives or the unexpected queue; announcements queue their reads),
+  // which costs less than waking the engine, and wake it only for what needs it now.
+  handOver(false);
+}
+
+void ShmEngine::waiting(bool on) noexcept {
+  if (!on) {
+    mine_->waiters.fetch_sub(1, std::memory_order_seq_cst);
+    return;
   }
-  if (work) ring(mine_);
+  mine_->waiters.fetch_add(1, std::memory_order_seq_cst);
+  // A writer that saw no waiter left its bytes without a wake-up: look for them now.
+  handOver(true);
+}
+
+void ShmEngine::handOver(bool anyWork) noexcept {
+  auto decide = [&](const std::vector<ShmConnection*>& conns) {
+    bool wake = false;
+    for (auto* c : conns) {
+      if (!anyWork && c->hasWork()) c->progress();
+      wake = wake || (anyWork ? c->hasWork() : c->needsEngine());
+    }
+    return wake;
+  };
+  bool wake;
+  if (sealed_.load(std::memory_order_acquire)) {
+    wake = decide(conns_);
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake = decide(conns_);
+  }
+  if (wake) ring(mine_, true);
 }
 
 void ShmEngine::stop() {

@@ -39,9 +39,15 @@ class ShmEngine {
   /// connections itself; while one is in, peers do not wake this engine. The last one out wakes
   /// it if anything is left to move. Any thread.
   void attend(bool on) noexcept;
+  /// A thread of this rank goes to sleep in a wait (on) or wakes (off): while one sleeps, every
+  /// message wakes the engine, which completes the requests.
+  void waiting(bool on) noexcept;
 
  private:
   void run(std::atomic<int>* started);
+  /// Wakes the engine if a connection needs it: with anyWork, for any bytes to move (a thread
+  /// is about to sleep); otherwise after taking in what this thread can.
+  void handOver(bool anyWork) noexcept;
 
   const int rank_;
   SegmentHeader* const mine_;  // mapped by the transport, which stops us before unmapping

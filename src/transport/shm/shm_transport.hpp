@@ -39,6 +39,9 @@ class ShmTransport : public Transport {
   void attend(bool on) noexcept override {
     if (engine_) engine_->attend(on);
   }
+  void waiting(bool on) noexcept override {
+    if (engine_) engine_->waiting(on);
+  }
 
  private:
   std::vector<std::unique_ptr<Connection>> setUp(TransportContext& ctx, const std::vector<int>& peers);
