@@ -45,24 +45,38 @@ void checkOverlap(const detail::CommImpl& c, const void* a, size_t aBytes, const
   }
 }
 
+// The algorithm a collective of `bytes` in all runs with on this communicator.
+Algo chooseAlgo(const detail::CommImpl& c, Coll kind, size_t bytes) {
+  Algo algo = c.selector() != nullptr
+                  ? c.selector()->pick(kind, bytes, c.size())
+                  : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFromEnv(), coll::algoOverrideFromEnv());
+  // Forced node-aware on a communicator where it is the flat algorithm anyway (one node, or one
+  // rank per node): the model's flat choice.
+  if (algo == Algo::Hierarchical && (c.selector() == nullptr || !c.selector()->hierarchical()))
+    algo = coll::selectAlgo(kind, bytes, c.size(),
+                            c.selector() != nullptr ? c.selector()->model() : coll::costModelFromEnv(), "");
+  return algo;
+}
+
 // Runs one collective: asynchronously (returns its Work) or blocking.
 Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
   const size_t bytes = (kind == Coll::AllGather || kind == Coll::ReduceScatter || kind == Coll::AllToAll)
                            ? a.count * a.elem * static_cast<size_t>(c.size())
                            : a.count * a.elem;
-  const Algo algo = c.selector() != nullptr ? c.selector()->pick(kind, bytes, c.size())
-                                            : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFromEnv(),
-                                                               coll::algoOverrideFromEnv());
+  const Algo algo = chooseAlgo(c, kind, bytes);
   auto body = [&c, kind, a, algo](int64_t seq) {
     coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo));
     switch (kind) {
       case Coll::AllReduce:
+        if (algo == Algo::Hierarchical) return coll::allReduceHierarchical(ctx, a);
         if (algo == Algo::RecursiveDoubling) return coll::allReduceRecursiveDoubling(ctx, a);
         if (algo == Algo::DoubleTree) return coll::allReduceDoubleTree(ctx, a);
         return coll::allReduceRing(ctx, a);
       case Coll::Broadcast:
+        if (algo == Algo::Hierarchical) return coll::broadcastHierarchical(ctx, a);
         return algo == Algo::Binomial ? coll::broadcastBinomial(ctx, a) : coll::broadcastChain(ctx, a);
       case Coll::Reduce:
+        if (algo == Algo::Hierarchical) return coll::reduceHierarchical(ctx, a);
         return algo == Algo::Binomial ? coll::reduceBinomial(ctx, a) : coll::reduceRing(ctx, a);
       case Coll::AllGather:
         return coll::allGatherRing(ctx, a);
@@ -157,6 +171,16 @@ Work allToAllImpl(const Communicator& comm, const void* s, void* r, size_t n, Da
 }
 
 }  // namespace
+
+std::string Communicator::algorithmFor(const std::string& collective, size_t bytes) const {
+  auto& c = implOf(*this);
+  for (Coll k : {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll})
+    if (collective == coll::collName(k)) return coll::algoName(chooseAlgo(c, k, bytes));
+  LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+             strFormat("algorithmFor: unknown collective \"%s\" (all_reduce, broadcast, reduce, all_gather, "
+                       "reduce_scatter, all_to_all)",
+                       collective.c_str()));
+}
 
 Work Communicator::iallReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
   return allReduceImpl(*this, s, r, n, t, op, true);

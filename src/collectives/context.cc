@@ -28,7 +28,21 @@ void copyIfDistinct(void* dst, const void* src, size_t n) {
   if (dst != src && n > 0) std::memcpy(dst, src, n);
 }
 
+Context::Context(const Context& parent, std::vector<int> members, int channelBase, int channelCount)
+    : comm_(parent.comm_),
+      seq_(parent.seq_),
+      name_(parent.name_),
+      algo_(parent.algo_),
+      members_(std::move(members)),
+      channelBase_(channelBase),
+      channelCount_(channelCount) {
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i] == comm_.rank()) groupRank_ = static_cast<int>(i);
+}
+
 RequestPtr Context::send(int peer, const void* p, size_t bytes, int channel) {
+  peer = global(peer);
+  channel += channelBase_;
   detail::Label l;
   l.coll = name_;
   l.algo = algo_;
@@ -40,6 +54,8 @@ RequestPtr Context::send(int peer, const void* p, size_t bytes, int channel) {
 }
 
 RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel) {
+  peer = global(peer);
+  channel += channelBase_;
   detail::Label l;
   l.coll = name_;
   l.algo = algo_;
@@ -98,9 +114,10 @@ size_t Context::treeChunkElems(size_t elem) const { return std::max<size_t>(1, t
 int Context::ringChannels(size_t bytes) const {
   // The communicator's model knows its links (one channel over shared memory: a single thread
   // drives them all, so more channels only add messages); without one, the tunables.
+  const int most = std::min(channelCount_, detail::kMaxChannels);
   if (const coll::Selector* sel = comm_.selector())
-    return planChannelCount(bytes, size(), sel->model().ringChannels, sel->model().channelMinBytes);
-  return planChannelCount(bytes, size(), maxRingChannels(), ringChannelMinBytes());
+    return planChannelCount(bytes, size(), std::min(most, sel->model().ringChannels), sel->model().channelMinBytes);
+  return planChannelCount(bytes, size(), std::min(most, maxRingChannels()), ringChannelMinBytes());
 }
 
 }  // namespace coll

@@ -30,10 +30,18 @@ class Context {
   /// `name` ("all_reduce") and `algo` ("ring") appear in timeout and error messages.
   Context(detail::CommImpl& comm, int64_t seq, const char* name, const char* algo)
       : comm_(comm), seq_(seq), name_(name), algo_(algo) {}
+  /// A view of `parent` restricted to `members` (global ranks; this rank among them): rank(),
+  /// size() and peers are then indices into `members`, so that any algorithm runs on the group.
+  /// Its messages use channels channelBase .. channelBase + channelCount - 1 of the collective's
+  /// tag, apart from the other groups' of the same collective.
+  Context(const Context& parent, std::vector<int> members, int channelBase, int channelCount);
 
-  int rank() const { return comm_.rank(); }
-  int size() const { return comm_.size(); }
+  int rank() const { return members_.empty() ? comm_.rank() : groupRank_; }
+  int size() const { return members_.empty() ? comm_.size() : static_cast<int>(members_.size()); }
   int64_t seq() const { return seq_; }
+  /// The communicator (node map, selector).
+  const detail::CommImpl& comm() const { return comm_; }
+  const char* name() const { return name_; }
 
   /// Messages of this collective on `channel` (0 to kMaxChannels-1): each channel has its own tag.
   RequestPtr send(int peer, const void* p, size_t bytes, int channel = 0);
@@ -56,10 +64,16 @@ class Context {
   int ringChannels(size_t bytes) const;
 
  private:
+  int global(int peer) const { return members_.empty() ? peer : members_[static_cast<size_t>(peer)]; }
+
   detail::CommImpl& comm_;
   const int64_t seq_;
   const char* name_;
   const char* algo_;
+  std::vector<int> members_;  // empty: the whole communicator
+  int groupRank_ = 0;
+  int channelBase_ = 0;
+  int channelCount_ = detail::kMaxChannels;
 };
 
 // The pipeline tunables, parsed and clamped once here for the algorithms and the cost model alike.
@@ -94,6 +108,11 @@ void reduceBinomial(Context& c, const Args& a);
 void broadcastChain(Context& c, const Args& a);
 // pairwise.cc: all-to-all, every pair exchanging its block directly.
 void allToAllPairwise(Context& c, const Args& a);
+// hierarchical.cc: node-aware: within each node over shared memory, across nodes between one
+// leader per node, then within each node again.
+void allReduceHierarchical(Context& c, const Args& a);
+void broadcastHierarchical(Context& c, const Args& a);
+void reduceHierarchical(Context& c, const Args& a);
 
 }  // namespace coll
 }  // namespace loom

@@ -152,4 +152,22 @@ BinaryNode planDoubleTree(int rank, int size, int tree) {
   return node;
 }
 
+Hierarchy planHierarchy(const std::vector<std::vector<int>>& nodes, int rank, int root) {
+  Hierarchy h;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const auto& ranks = nodes[k];
+    const bool hasRoot = std::find(ranks.begin(), ranks.end(), root) != ranks.end();
+    const int leader = hasRoot ? root : ranks.front();
+    if (hasRoot) h.leaderRoot = static_cast<int>(h.leaders.size());
+    if (leader == rank) h.leaderIndex = static_cast<int>(h.leaders.size());
+    h.leaders.push_back(leader);
+    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) {
+      h.local = ranks;
+      h.localIndex = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+      h.localRoot = static_cast<int>(std::find(ranks.begin(), ranks.end(), leader) - ranks.begin());
+    }
+  }
+  return h;
+}
+
 }  // namespace loom

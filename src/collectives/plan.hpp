@@ -93,4 +93,17 @@ BinaryNode planInOrderTree(int rank, int size);
 /// tree are interior in the other, and the two halves of the data use different links.
 BinaryNode planDoubleTree(int rank, int size, int tree);
 
+/// The two levels of a node-aware (hierarchical) collective: this rank's node, and one leader per
+/// node. A node's leader is the root when the root is on it, else its lowest rank.
+struct Hierarchy {
+  std::vector<int> local;    ///< the ranks of this rank's node, ascending
+  int localIndex = 0;        ///< this rank's place in `local`
+  int localRoot = 0;         ///< the node leader's place in `local`
+  std::vector<int> leaders;  ///< every node's leader, in node order
+  int leaderIndex = -1;      ///< this rank's place in `leaders`, -1 unless it leads its node
+  int leaderRoot = 0;        ///< the root's node's place in `leaders`
+};
+/// `nodes[k]` lists node k's ranks ascending; every rank is on exactly one node.
+Hierarchy planHierarchy(const std::vector<std::vector<int>>& nodes, int rank, int root);
+
 }  // namespace loom

@@ -24,11 +24,11 @@ LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the 
 std::vector<Algo> candidates(Coll c) {
   switch (c) {
     case Coll::AllReduce:
-      return {Algo::Ring, Algo::RecursiveDoubling, Algo::DoubleTree};
+      return {Algo::Ring, Algo::RecursiveDoubling, Algo::DoubleTree, Algo::Hierarchical};
     case Coll::Broadcast:
-      return {Algo::Chain, Algo::Binomial};
+      return {Algo::Chain, Algo::Binomial, Algo::Hierarchical};
     case Coll::Reduce:
-      return {Algo::Ring, Algo::Binomial};
+      return {Algo::Ring, Algo::Binomial, Algo::Hierarchical};
     case Coll::AllGather:
       return {Algo::Ring};
     case Coll::ReduceScatter:
@@ -58,7 +58,8 @@ const char* overrideKey(Coll c) {
 }
 
 bool parseAlgo(const std::string& s, Algo* out) {
-  for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::Binomial, Algo::Chain, Algo::Pairwise, Algo::DoubleTree}) {
+  for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::Binomial, Algo::Chain, Algo::Pairwise, Algo::DoubleTree,
+                 Algo::Hierarchical}) {
     if (s == algoName(a)) {
       *out = a;
       return true;
@@ -66,6 +67,7 @@ bool parseAlgo(const std::string& s, Algo* out) {
   }
   if (s == "recursive_doubling") return *out = Algo::RecursiveDoubling, true;
   if (s == "binomial") return *out = Algo::Binomial, true;
+  if (s == "hierarchical") return *out = Algo::Hierarchical, true;
   return false;
 }
 
@@ -103,6 +105,8 @@ const char* algoName(Algo a) {
       return "pairwise";
     case Algo::DoubleTree:
       return "dbtree";
+    case Algo::Hierarchical:
+      return "hier";
   }
   return "?";
 }
@@ -130,6 +134,8 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
   while ((1 << static_cast<int>(logn)) < n) logn += 1;
   if (n == 1) return 0;
   switch (a) {
+    case Algo::Hierarchical:
+      return 1e300;  // modelled by Selector, which knows the nodes
     case Algo::Ring: {
       // Every step moves one segment per channel; each channel's message pays the per-message
       // latency, and the last chunk's reduction of a reducing step is not hidden by the pipeline.
@@ -212,6 +218,7 @@ Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::stri
   Algo best = cands.front();
   double bestUs = modelUs(c, best, bytes, n, m);
   for (Algo x : cands) {
+    if (x == Algo::Hierarchical) continue;  // needs the node shape: Selector::pick weighs it
     double t = modelUs(c, x, bytes, n, m);
     if (t < bestUs) {
       best = x;
@@ -221,10 +228,28 @@ Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::stri
   return best;
 }
 
-Selector::Selector(const CostModel& m, const std::string& override) : m_(m) {
+Selector::Selector(const CostModel& m, const std::string& override, const NodeShape& shape) : m_(m), shape_(shape) {
   for (int c = 0; c < 6; ++c) {
     Algo a;
     forced_[c] = forcedAlgo(static_cast<Coll>(c), override, &a) ? static_cast<int>(a) : -1;
+  }
+}
+
+double Selector::hierarchicalUs(Coll c, size_t bytes) const {
+  auto best = [&](Coll k, int n, const CostModel& m) {
+    return modelUs(k, selectAlgo(k, bytes, n, m, ""), bytes, n, m);
+  };
+  const int L = shape_.maxLocal, N = shape_.nodes;
+  switch (c) {
+    case Coll::AllReduce:
+      return best(Coll::Reduce, L, shape_.intra) + best(Coll::AllReduce, N, m_) +
+             best(Coll::Broadcast, L, shape_.intra);
+    case Coll::Broadcast:
+      return best(Coll::Broadcast, N, m_) + best(Coll::Broadcast, L, shape_.intra);
+    case Coll::Reduce:
+      return best(Coll::Reduce, L, shape_.intra) + best(Coll::Reduce, N, m_);
+    default:
+      return 1e300;
   }
 }
 
@@ -235,7 +260,10 @@ Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   auto& memo = last_[static_cast<int>(c)];
   const uint64_t seen = memo.load(std::memory_order_relaxed);
   if (seen != 0 && (seen >> 8) == bytes) return static_cast<Algo>((seen & 0xff) - 1);
-  const Algo a = selectAlgo(c, bytes, ranks, m_, "");
+  Algo a = selectAlgo(c, bytes, ranks, m_, "");
+  if (hierarchical() && (c == Coll::AllReduce || c == Coll::Broadcast || c == Coll::Reduce) &&
+      hierarchicalUs(c, bytes) < modelUs(c, a, bytes, ranks, m_))
+    a = Algo::Hierarchical;
   if (bytes < (uint64_t{1} << 56))
     memo.store(static_cast<uint64_t>(bytes) << 8 | (static_cast<uint64_t>(a) + 1), std::memory_order_relaxed);
   return a;

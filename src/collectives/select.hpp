@@ -15,10 +15,10 @@ namespace loom {
 namespace coll {
 
 enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll };
-enum class Algo { Ring, RecursiveDoubling, Binomial, Chain, Pairwise, DoubleTree };
+enum class Algo { Ring, RecursiveDoubling, Binomial, Chain, Pairwise, DoubleTree, Hierarchical };
 
 const char* collName(Coll c);  ///< "all_reduce", ...
-const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise", "dbtree"
+const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise", "dbtree", "hier"
 
 struct CostModel {
   double latencyUs = 25.0;              ///< per message step
@@ -44,14 +44,34 @@ bool forcedAlgo(Coll c, const std::string& override, Algo* out);
 
 /// One communicator's choice: its cost model and LOOM_ALGO, read once when the communicator is
 /// made (nothing is parsed per call), with the override resolved per collective. Immutable.
+/// What a node-aware choice needs to know of the communicator: how many nodes, the most ranks
+/// on one, and the model of the links within a node (the selector's own model is that of the
+/// slowest links, those between nodes).
+struct NodeShape {
+  int nodes = 1;
+  int maxLocal = 1;
+  CostModel intra;
+};
+
 class Selector {
  public:
-  Selector(const CostModel& m, const std::string& override);
+  Selector(const CostModel& m, const std::string& override, const NodeShape& shape = {});
+  /// The algorithm for a call on the whole communicator (`ranks` ranks); may be Hierarchical
+  /// when the communicator spans several nodes with several ranks on some.
   Algo pick(Coll c, size_t bytes, int ranks) const;
+  /// Within one node (shared-memory model) or between node leaders (the model): never
+  /// Hierarchical, never forced.
+  Algo pickIntra(Coll c, size_t bytes, int ranks) const { return selectAlgo(c, bytes, ranks, shape_.intra, ""); }
+  Algo pickInter(Coll c, size_t bytes, int ranks) const { return selectAlgo(c, bytes, ranks, m_, ""); }
+  /// Whether a node-aware algorithm can differ from a flat one here.
+  bool hierarchical() const { return shape_.nodes >= 2 && shape_.maxLocal >= 2; }
+  /// Modelled microseconds of the hierarchical form of c.
+  double hierarchicalUs(Coll c, size_t bytes) const;
   const CostModel& model() const { return m_; }
 
  private:
   CostModel m_;
+  NodeShape shape_;
   int forced_[6];  // per Coll: the forced Algo, or -1
   // The last choice per collective (bytes << 8 | algo + 1): back-to-back calls of one size, the
   // usual case, skip the model. Relaxed atomics: a stale entry is only a missed shortcut.

@@ -68,15 +68,23 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   measureLinksIfAsked(comm);
   // The selector, once: the cost model of the slowest kind of link the communicator has (a flat
   // algorithm runs at the pace of its slowest link), or the measured figures.
-  std::string slowest = "shm";
-  for (int p = 0; p < comm.size(); ++p)
+  std::string slowest = "shm", within = "shm";
+  for (int p = 0; p < comm.size(); ++p) {
     if (comm.transportOf(p) == "tcp") slowest = "tcp";
+    if (comm.transportOf(p) == "tcp" && comm.nodeOf(p) == comm.nodeOf(comm.rank())) within = "tcp";
+  }
   CostModel model = costModelFromEnv(slowest);
   if (const auto& link = comm.link()) {
     model.latencyUs = link->latencyUs;
     model.gbps = link->gbps;
   }
-  comm.setSelector(std::make_shared<const Selector>(model, algoOverrideFromEnv()));
+  // Node-aware choices: how many nodes, the most ranks on one, and the links within a node.
+  NodeShape shape;
+  shape.nodes = comm.nodeCount();
+  for (int k = 0; k < comm.nodeCount(); ++k)
+    shape.maxLocal = std::max(shape.maxLocal, static_cast<int>(comm.ranksOnNode(k).size()));
+  shape.intra = costModelFromEnv(within);
+  comm.setSelector(std::make_shared<const Selector>(model, algoOverrideFromEnv(), shape));
 }
 
 void measureLinksIfAsked(detail::CommImpl& comm) {

@@ -43,7 +43,8 @@ class PerRankOptions {
 
 /// How the ranks of a test are linked: "shm" (all on one node: shared memory, the default),
 /// "tcp" (LOOM_TRANSPORT=tcp), "mixed" (two "nodes" by host identity, even and odd ranks: shared
-/// memory within each, TCP between). Sets it up for the object's lifetime.
+/// memory within each, TCP between), "mixed3" (three such nodes, r % 3). Sets it up for the
+/// object's lifetime.
 class TransportSetup {
  public:
   explicit TransportSetup(const std::string& mode) {
@@ -55,6 +56,8 @@ class TransportSetup {
       restoreEnv_ = true;
     } else if (mode == "mixed") {
       perRank_.emplace([](int r, loom::Options& o) { o.hostId = r % 2 == 0 ? "even-node" : "odd-node"; });
+    } else if (mode == "mixed3") {
+      perRank_.emplace([](int r, loom::Options& o) { o.hostId = "node-" + std::to_string(r % 3); });
     }
   }
   ~TransportSetup() {

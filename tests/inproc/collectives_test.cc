@@ -366,8 +366,13 @@ INSTANTIATE_TEST_SUITE_P(Tcp, SmallMatrix,
                          matrixName);
 INSTANTIATE_TEST_SUITE_P(Mixed, SmallMatrix,
                          ::testing::Combine(::testing::Values(2, 3, 5, 8),
-                                            ::testing::Values("", "ring+3", "rd,tree", "dbtree"),
+                                            ::testing::Values("", "ring+3", "rd,tree", "dbtree", "hier"),
                                             ::testing::Values("mixed")),
+                         matrixName);
+// Node-aware algorithms on three uneven "nodes" (7 ranks: 3, 2 and 2 per node).
+INSTANTIATE_TEST_SUITE_P(Mixed3, SmallMatrix,
+                         ::testing::Combine(::testing::Values(4, 7), ::testing::Values("", "hier"),
+                                            ::testing::Values("mixed3")),
                          matrixName);
 
 // Large counts (several chunks per segment) for a few types, every algorithm.
@@ -401,7 +406,7 @@ INSTANTIATE_TEST_SUITE_P(Tcp, LargeCounts,
                                             ::testing::Values("tcp")),
                          matrixName);
 INSTANTIATE_TEST_SUITE_P(Mixed, LargeCounts,
-                         ::testing::Combine(::testing::Values(3, 5), ::testing::Values("ring+4", "rd,tree"),
+                         ::testing::Combine(::testing::Values(3, 5), ::testing::Values("ring+4", "rd,tree", "hier"),
                                             ::testing::Values("mixed")),
                          matrixName);
 

@@ -248,3 +248,27 @@ TEST(Shm, MessagesLeftInTheRingCompleteTestedAndSleepingReceives) {
     }
   });
 }
+
+// Across "nodes" with several ranks each, the cost model takes the node-aware algorithms where
+// they cross the network fewer times; on one node, or forced there, the flat ones run.
+TEST(Shm, NodeAwareAlgorithmsAreChosenAcrossNodes) {
+  {
+    loomtest::TransportSetup links("mixed3");  // 7 ranks: nodes of 3, 2 and 2
+    loomtest::runOk(7, [&](loom::Communicator& c) {
+      EXPECT_EQ(c.nodeCount(), 3);
+      EXPECT_EQ(c.algorithmFor("all_reduce", 1024), "hier");
+      EXPECT_EQ(c.algorithmFor("broadcast", 1024), "hier");
+      EXPECT_EQ(c.algorithmFor("all_gather", 1024), "ring");
+      std::vector<double> v(1000);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i) + c.rank();
+      c.allReduce(v.data(), v.data(), v.size(), DataType::Float64, loom::ReduceOp::Avg);
+      for (size_t i = 0; i < v.size(); ++i)
+        if (v[i] != static_cast<double>(i) + 3.0) FAIL() << i << ": " << v[i];
+    });
+  }
+  EnvVar forced("LOOM_ALGO", "hier");
+  loomtest::runOk(3, [&](loom::Communicator& c) {  // one node: nothing node-aware to do
+    EXPECT_NE(c.algorithmFor("all_reduce", 1024), "hier");
+    EXPECT_THROW(c.algorithmFor("all_sorts", 8), loom::Error);
+  });
+}

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 // After the dissemination rounds, every rank must have heard (transitively) from every rank, and
@@ -187,4 +188,33 @@ TEST(Plan, DoubleBinaryTreesAreSpanningTrees) {
       EXPECT_LE(leafInBoth, 1) << "n=" << n;  // the shifted tree of an odd size shares one
     }
   }
+}
+
+TEST(Plan, HierarchyLeadersAndGroups) {
+  // Nodes {0,2,4}, {1,3}, {5}: leaders are the lowest ranks, unless the root is on the node.
+  const std::vector<std::vector<int>> nodes = {{0, 2, 4}, {1, 3}, {5}};
+  auto h = loom::planHierarchy(nodes, 2, 0);
+  EXPECT_EQ(h.local, (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(h.localIndex, 1);
+  EXPECT_EQ(h.localRoot, 0);
+  EXPECT_EQ(h.leaders, (std::vector<int>{0, 1, 5}));
+  EXPECT_EQ(h.leaderIndex, -1);
+  EXPECT_EQ(h.leaderRoot, 0);
+  // Root 3: node 1 is led by 3; this rank (3) leads it and is the leaders' root.
+  h = loom::planHierarchy(nodes, 3, 3);
+  EXPECT_EQ(h.leaders, (std::vector<int>{0, 3, 5}));
+  EXPECT_EQ(h.leaderIndex, 1);
+  EXPECT_EQ(h.leaderRoot, 1);
+  EXPECT_EQ(h.localRoot, 1);
+  EXPECT_EQ(h.localIndex, 1);
+  // Every rank finds itself exactly once, and every leader is on its node.
+  for (int root = 0; root < 6; ++root)
+    for (int r = 0; r < 6; ++r) {
+      auto x = loom::planHierarchy(nodes, r, root);
+      EXPECT_EQ(x.local[static_cast<size_t>(x.localIndex)], r);
+      EXPECT_EQ(x.leaders[static_cast<size_t>(x.leaderRoot)], root);
+      const int myLeader = x.local[static_cast<size_t>(x.localRoot)];
+      EXPECT_NE(std::find(x.leaders.begin(), x.leaders.end(), myLeader), x.leaders.end());
+      EXPECT_EQ(x.leaderIndex >= 0, myLeader == r);
+    }
 }

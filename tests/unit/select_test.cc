@@ -85,3 +85,26 @@ TEST(Selector, SharedMemoryLinksHaveTheirOwnModel) {
   EXPECT_EQ(sel.pick(Coll::AllReduce, 8, 2), Algo::RecursiveDoubling);
   EXPECT_EQ(sel.pick(Coll::AllReduce, 64u << 20, 4), Algo::Ring);
 }
+
+TEST(Selector, NodeAwareWhenSeveralNodesHoldSeveralRanks) {
+  const auto tcp = loom::coll::costModelFromEnv("tcp"), shm = loom::coll::costModelFromEnv("shm");
+  loom::coll::NodeShape shape;
+  shape.nodes = 4;
+  shape.maxLocal = 8;
+  shape.intra = shm;
+  loom::coll::Selector sel(tcp, "", shape);
+  EXPECT_TRUE(sel.hierarchical());
+  // 32 ranks, 8 per node: small all-reduces cross the network in 2 leader steps, not 5 flat ones.
+  EXPECT_EQ(sel.pick(Coll::AllReduce, 1024, 32), Algo::Hierarchical);
+  EXPECT_EQ(sel.pick(Coll::Broadcast, 1024, 32), Algo::Hierarchical);
+  EXPECT_LT(sel.hierarchicalUs(Coll::AllReduce, 1024),
+            modelUs(Coll::AllReduce, Algo::RecursiveDoubling, 1024, 32, tcp));
+  // One node, or one rank per node: never.
+  shape.nodes = 1;
+  EXPECT_FALSE(loom::coll::Selector(tcp, "", shape).hierarchical());
+  shape.nodes = 4;
+  shape.maxLocal = 1;
+  EXPECT_FALSE(loom::coll::Selector(tcp, "", shape).hierarchical());
+  // Forced by name.
+  EXPECT_EQ(loom::coll::Selector(tcp, "hier", shape).pick(Coll::Reduce, 8, 4), Algo::Hierarchical);
+}

@@ -1,0 +1,135 @@
+// Node-aware collectives: the slow links between nodes carry each byte once per node, not once
+// per rank. Each runs in three steps over group views of the collective (Context's members):
+//   all-reduce: reduce within each node to its leader (shared memory), all-reduce between the
+//               leaders (the network), broadcast within each node from its leader;
+//   broadcast:  broadcast between the leaders from the root, then within each node;
+//   reduce:     reduce within each node to its leader, then between the leaders to the root.
+// A node's leader is the root if the root is on it, else its lowest rank (planHierarchy). Each
+// step picks its own algorithm for its group and links; the steps use separate channels of the
+// collective's tag. avg is a sum until the end, then one division by the world size, so that
+// every rank holds the same bits.
+#include "collectives/context.hpp"
+#include "collectives/select.hpp"
+#include "kernels/reduce.hpp"
+
+namespace loom {
+namespace coll {
+namespace {
+
+// Channels of the collective's tag: the leaders' step may use 0-5 (ring channels), the steps
+// within nodes 6 and 7.
+constexpr int kInterChannels = 6;
+constexpr int kIntraUp = 6;
+constexpr int kIntraDown = 7;
+
+Hierarchy hierarchyOf(const Context& c, int root) {
+  const auto& comm = c.comm();
+  std::vector<std::vector<int>> nodes;
+  for (int k = 0; k < comm.nodeCount(); ++k) nodes.push_back(comm.ranksOnNode(k));
+  return planHierarchy(nodes, c.rank(), root);
+}
+
+Algo intraAlgo(const Context& c, Coll k, size_t bytes, int n) {
+  const Selector* sel = c.comm().selector();
+  return sel != nullptr ? sel->pickIntra(k, bytes, n) : selectAlgo(k, bytes, n, costModelFromEnv("shm"), "");
+}
+
+Algo interAlgo(const Context& c, Coll k, size_t bytes, int n) {
+  const Selector* sel = c.comm().selector();
+  return sel != nullptr ? sel->pickInter(k, bytes, n) : selectAlgo(k, bytes, n, costModelFromEnv("tcp"), "");
+}
+
+void runReduce(Context& g, const Args& a, Algo algo) {
+  if (g.size() == 1) return copyIfDistinct(a.recv, a.send, a.count * a.elem);
+  if (algo == Algo::Binomial) return reduceBinomial(g, a);
+  reduceRing(g, a);
+}
+
+void runBroadcast(Context& g, const Args& a, Algo algo) {
+  if (g.size() == 1) return copyIfDistinct(a.recv, a.send, a.count * a.elem);
+  if (algo == Algo::Binomial) return broadcastBinomial(g, a);
+  broadcastChain(g, a);
+}
+
+void runAllReduce(Context& g, const Args& a, Algo algo) {
+  if (g.size() == 1) return copyIfDistinct(a.recv, a.send, a.count * a.elem);
+  if (algo == Algo::RecursiveDoubling) return allReduceRecursiveDoubling(g, a);
+  if (algo == Algo::DoubleTree) return allReduceDoubleTree(g, a);
+  allReduceRing(g, a);
+}
+
+}  // namespace
+
+void allReduceHierarchical(Context& c, const Args& a) {
+  const Hierarchy h = hierarchyOf(c, 0);
+  const size_t nbytes = a.count * a.elem;
+  Args sum = a;
+  if (a.op == ReduceOp::Avg) sum.op = ReduceOp::Sum;
+  // 1. Within the node, to the leader: its receive buffer holds the node's sum.
+  Context local(c, h.local, kIntraUp, 1);
+  Args up = sum;
+  up.root = h.localRoot;
+  runReduce(local, up, intraAlgo(c, Coll::Reduce, nbytes, local.size()));
+  // 2. Between the leaders, in place.
+  if (h.leaderIndex >= 0) {
+    Context leaders(c, h.leaders, 0, kInterChannels);
+    Args across = sum;
+    across.send = a.recv;
+    runAllReduce(leaders, across, interAlgo(c, Coll::AllReduce, nbytes, leaders.size()));
+    if (a.op == ReduceOp::Avg) kernels::divide(a.recv, a.count, a.type, c.size());
+  }
+  // 3. Within the node, from the leader, in place.
+  Args down = a;
+  down.send = a.recv;
+  down.root = h.localRoot;
+  Context localDown(c, h.local, kIntraDown, 1);
+  runBroadcast(localDown, down, intraAlgo(c, Coll::Broadcast, nbytes, localDown.size()));
+}
+
+void broadcastHierarchical(Context& c, const Args& a) {
+  const Hierarchy h = hierarchyOf(c, a.root);
+  const size_t nbytes = a.count * a.elem;
+  // 1. Between the leaders, from the root (the leader of its node).
+  if (h.leaderIndex >= 0) {
+    Context leaders(c, h.leaders, 0, kInterChannels);
+    Args across = a;
+    across.root = h.leaderRoot;
+    if (c.rank() != a.root) across.send = a.recv;
+    runBroadcast(leaders, across, interAlgo(c, Coll::Broadcast, nbytes, leaders.size()));
+  }
+  // 2. Within the node, from its leader, in place (the root's own copy is done in step 1).
+  Context local(c, h.local, kIntraDown, 1);
+  Args down = a;
+  down.send = a.recv;
+  down.root = h.localRoot;
+  runBroadcast(local, down, intraAlgo(c, Coll::Broadcast, nbytes, local.size()));
+}
+
+void reduceHierarchical(Context& c, const Args& a) {
+  const Hierarchy h = hierarchyOf(c, a.root);
+  const size_t nbytes = a.count * a.elem;
+  Args sum = a;
+  if (a.op == ReduceOp::Avg) sum.op = ReduceOp::Sum;
+  // Partial sums of non-leaders' nodes need somewhere to land: the leader's receive buffer is
+  // only the user's on the root; elsewhere a scratch buffer.
+  uint8_t* partial = c.rank() == a.root ? bytes(a.recv) : c.scratch(nbytes, 2);
+  // 1. Within the node, to the leader.
+  Context local(c, h.local, kIntraUp, 1);
+  Args up = sum;
+  up.recv = partial;
+  up.root = h.localRoot;
+  runReduce(local, up, intraAlgo(c, Coll::Reduce, nbytes, local.size()));
+  // 2. Between the leaders, to the root.
+  if (h.leaderIndex >= 0) {
+    Context leaders(c, h.leaders, 0, kInterChannels);
+    Args across = sum;
+    across.send = partial;
+    across.recv = partial;
+    across.root = h.leaderRoot;
+    runReduce(leaders, across, interAlgo(c, Coll::Reduce, nbytes, leaders.size()));
+    if (c.rank() == a.root && a.op == ReduceOp::Avg) kernels::divide(a.recv, a.count, a.type, c.size());
+  }
+}
+
+}  // namespace coll
+}  // namespace loom
