@@ -6,6 +6,7 @@
 
 #include <cerrno>
 
+#include "core/affinity.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/status.hpp"
@@ -59,6 +60,7 @@ void ProgressEngine::stop() {
 
 void ProgressEngine::run() {
   setThreadLogRank(rank_);
+  bindProgressThread();
   epoll_event events[64];
   while (!stopping_.load(std::memory_order_acquire)) {
     int n = epoll_wait(epollFd_, events, 64, -1);

@@ -183,8 +183,6 @@ HostTopology parseSysfs(const std::string& root) {
   return t;
 }
 
-HostTopology discoverTopology() { return parseSysfs("/sys"); }
-
 std::string describeTopology(const HostTopology& t) {
   std::string out = strFormat("%d package(s), %d core(s), %d CPU(s) online (from %s)\n", t.packages, t.cores, t.cpus,
                               t.source.c_str());

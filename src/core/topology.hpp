@@ -6,9 +6,9 @@
 // sharing memory. LOOM_HOST_ID replaces the whole identity (tests, unusual setups).
 //
 // Host layout. NUMA nodes with their CPUs and memory, physical cores, and the network interfaces
-// and GPUs with the NUMA node each sits near: read from /sys (the fallback that always works, also
-// used when Loom is built without hwloc). `parseSysfs` reads any directory laid out like /sys, so
-// that tests can check recorded machines.
+// and GPUs with the NUMA node each sits near: through hwloc when Loom is built with it
+// (topology_hwloc.cc), else from /sys (the fallback that always works). `parseSysfs` reads any directory laid out like
+// /sys, so that tests can check recorded machines.
 //
 // Pure functions of the files they read; no thread, no state.
 #pragma once
@@ -63,7 +63,11 @@ struct HostTopology {
 /// Parses a /sys-like tree under `root` ("/sys" for this machine): devices/system/node,
 /// devices/system/cpu, class/net, bus/pci/devices.
 HostTopology parseSysfs(const std::string& root);
-/// This machine's topology.
+/// Reads the layout through hwloc: this machine (xmlPath empty) or a recorded hwloc XML export.
+/// Returns false with the reason when hwloc is not built in or cannot read it.
+bool loadHwloc(const std::string& xmlPath, HostTopology* out, std::string* why);
+/// This machine's topology: hwloc when built with it, else /sys (LOOM_TOPO: hwloc, sysfs, or an
+/// XML file).
 HostTopology discoverTopology();
 /// Several lines for loom-info.
 std::string describeTopology(const HostTopology& t);

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -224,6 +225,31 @@ TEST(SharedMemory, LoomInfoReportsTheTransportOfEveryPair) {
     EXPECT_NE(out.find("transports of 4 ranks on 2 node(s)"), std::string::npos) << out;
     EXPECT_NE(out.find("   0 n0    -  shm  tcp  tcp"), std::string::npos) << out;
     EXPECT_NE(out.find("   3 n1  tcp  tcp  shm    -"), std::string::npos) << out;
+  }
+}
+
+// Progress threads run where LOOM_PROGRESS_CPUS says (by default: the NUMA nodes of the CPUs the
+// rank is bound to; this machine has one node, so only the explicit list shows a difference).
+TEST(SharedMemory, ProgressThreadsAreBoundAsConfigured) {
+  const std::string port = std::to_string(freePort());
+  std::vector<Proc> procs;
+  for (int r = 0; r < 2; ++r) {
+    Env e = torchEnv(r, 2, port);
+    e["LOOM_PROGRESS_CPUS"] = "0";
+    procs.push_back(start({path("LOOM_TEST_WORKER"), "threads"}, e));
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::string out;
+    EXPECT_EQ(finish(procs[r], 60, &out), 0) << out;
+    int progress = 0;
+    std::istringstream lines(out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind("thread ", 0) != 0 || line.find("(main)") != std::string::npos) continue;
+      // Every thread but main is a progress thread (receive, send, shared memory) or the op queue's.
+      if (line.size() > 6 && line.compare(line.size() - 7, 7, " cpus 0") == 0) ++progress;
+    }
+    EXPECT_GE(progress, 3) << out;
   }
 }
 

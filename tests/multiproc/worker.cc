@@ -4,8 +4,10 @@
 //   sleep      sleep 60 s (to be interrupted)
 //   collectives all-reduce, broadcast and all-gather of 8 B to 8 MiB, checked; prints each link
 //   loop       all-reduces of 4 MiB until one fails (a peer killed meanwhile); prints the error
+//   threads    prints the CPUs each thread of the process may run on (progress-thread binding)
 // With NO_CMA_SECCOMP=1 the process first installs a seccomp filter that makes process_vm_readv
 // fail with EPERM, as container runtimes' default profiles do.
+#include <dirent.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -89,6 +92,25 @@ int loop(loom::Communicator& c) {
   }
 }
 
+int threads(loom::Communicator& c) {
+  c.barrier();
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return 6;
+  const std::string self = std::to_string(getpid());
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream status(std::string("/proc/self/task/") + e->d_name + "/status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.rfind("Cpus_allowed_list:", 0) == 0)
+        std::printf("thread %s%s cpus %s\n", e->d_name, self == e->d_name ? " (main)" : "",
+                    line.substr(line.find_first_not_of(" \t", 18)).c_str());
+  }
+  closedir(d);
+  c.barrier();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,6 +132,7 @@ int main(int argc, char** argv) {
     loom::Communicator c = loom::Communicator::fromEnv();
     if (scenario == "collectives") return collectives(c);
     if (scenario == "loop") return loop(c);
+    if (scenario == "threads") return threads(c);
     if (const char* r = std::getenv("EXPECT_RANK"); r != nullptr && std::atoi(r) != c.rank()) {
       std::fprintf(stderr, "rank %d, expected %s\n", c.rank(), r);
       return 3;

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "core/affinity.hpp"
+
 namespace {
 
 class FakeSys {
@@ -146,4 +148,71 @@ TEST(Topology, HostIdentity) {
   setenv("LOOM_HOST_ID", "node-a", 1);
   EXPECT_EQ(loom::localHostIdentity().key(), "node-a");
   unsetenv("LOOM_HOST_ID");
+}
+
+// The hwloc path, on a recorded hwloc XML export of a 2-socket node with 4 GPUs and a NIC per
+// socket (tests/unit/data/two_socket_8gpu.xml), and on this machine against /sys.
+TEST(TopologyHwloc, RecordedTwoSocketEightGpuNode) {
+  const char* dir = std::getenv("LOOM_TEST_DATA");
+  ASSERT_NE(dir, nullptr) << "LOOM_TEST_DATA (set by meson test) names tests/unit/data";
+  loom::HostTopology t;
+  std::string why;
+  if (!loom::loadHwloc(std::string(dir) + "/two_socket_8gpu.xml", &t, &why)) {
+    if (why.find("built without hwloc") != std::string::npos) GTEST_SKIP() << why;
+    FAIL() << why;
+  }
+  EXPECT_EQ(t.packages, 2);
+  EXPECT_EQ(t.cores, 16);
+  EXPECT_EQ(t.cpus, 32);
+  ASSERT_EQ(t.numa.size(), 2u);
+  EXPECT_EQ(t.numa[1].index, 1);
+  EXPECT_EQ(t.numa[1].cpus.front(), 16);
+  EXPECT_EQ(t.numa[1].cpus.back(), 31);
+  EXPECT_EQ(t.numa[0].memoryBytes, 256ull << 30);
+  EXPECT_EQ(t.numaOfCpu(20), 1);
+  int gpus[2] = {0, 0};
+  std::string nicNear[2];
+  for (const auto& d : t.devices) {
+    ASSERT_TRUE(d.numaNode == 0 || d.numaNode == 1) << d.name;
+    if (d.kind == loom::PciDevice::Kind::Gpu) ++gpus[d.numaNode];
+    if (d.kind == loom::PciDevice::Kind::Nic) nicNear[d.numaNode] = d.name + " " + d.pciAddress;
+  }
+  EXPECT_EQ(gpus[0], 4);
+  EXPECT_EQ(gpus[1], 4);
+  EXPECT_EQ(nicNear[0], "ens1f0np0 0000:30:00.0");
+  EXPECT_EQ(nicNear[1], "ens2f0np0 0000:70:00.0");
+  EXPECT_NE(loom::describeTopology(t).find("NUMA node 1: CPUs 16-31"), std::string::npos);
+}
+
+TEST(TopologyHwloc, ThisMachineAgreesWithSysfs) {
+  loom::HostTopology h;
+  std::string why;
+  if (!loom::loadHwloc("", &h, &why)) GTEST_SKIP() << why;
+  const loom::HostTopology s = loom::parseSysfs("/sys");
+  EXPECT_EQ(h.cpus, s.cpus);
+  EXPECT_EQ(h.cores, s.cores);
+  EXPECT_EQ(h.numa.size(), s.numa.size());
+}
+
+TEST(TopologyHwloc, AnUnreadableFileFallsBackToSysfsAndSaysWhy) {
+  loom::HostTopology t;
+  std::string why;
+  EXPECT_FALSE(loom::loadHwloc("/nonexistent/topology.xml", &t, &why));
+  EXPECT_FALSE(why.empty());
+}
+
+TEST(Affinity, ProgressThreadsGoToTheNumaNodesOfTheRanksCpus) {
+  loom::HostTopology t;
+  for (int n = 0; n < 2; ++n) {
+    loom::NumaNode node;
+    node.index = n;
+    for (int c = 0; c < 16; ++c) node.cpus.push_back(n * 16 + c);
+    t.numa.push_back(node);
+  }
+  const std::vector<int> node0 = loom::parseCpuList("0-15"), node1 = loom::parseCpuList("16-31");
+  EXPECT_EQ(loom::planProgressCpus({3}, t), node0);                            // bound to one core: its node
+  EXPECT_EQ(loom::planProgressCpus({20, 21}, t), node1);                       // two cores of node 1
+  EXPECT_TRUE(loom::planProgressCpus({3, 20}, t).empty());                     // spans both: every CPU, no binding
+  EXPECT_TRUE(loom::planProgressCpus(loom::parseCpuList("0-31"), t).empty());  // unbound
+  EXPECT_TRUE(loom::planProgressCpus({99}, t).empty());                        // unknown CPU: leave it
 }

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "core/affinity.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
 
@@ -79,6 +80,7 @@ void ShmEngine::stop() {
 
 void ShmEngine::run(std::atomic<int>* started) {
   setThreadLogRank(rank_);
+  bindProgressThread();
   pthread_mutex_lock(&mine_->alive);
   started->store(1);
   const auto spin = std::chrono::microseconds(engineSpinParam());
