@@ -51,8 +51,9 @@ Algo chooseAlgo(const detail::CommImpl& c, Coll kind, size_t bytes) {
                   ? c.selector()->pick(kind, bytes, c.size())
                   : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFromEnv(), coll::algoOverrideFromEnv());
   // Forced node-aware on a communicator where it is the flat algorithm anyway (one node, or one
-  // rank per node): the model's flat choice.
-  if (algo == Algo::Hierarchical && (c.selector() == nullptr || !c.selector()->hierarchical()))
+  // rank per node), or direct where the ranks share no arena: the model's flat choice.
+  if ((algo == Algo::Hierarchical && (c.selector() == nullptr || !c.selector()->hierarchical())) ||
+      (algo == Algo::Direct && (c.selector() == nullptr || !c.selector()->direct())))
     algo = coll::selectAlgo(kind, bytes, c.size(),
                             c.selector() != nullptr ? c.selector()->model() : coll::costModelFromEnv(), "");
   return algo;
@@ -69,6 +70,7 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
     switch (kind) {
       case Coll::AllReduce:
         if (algo == Algo::Hierarchical) return coll::allReduceHierarchical(ctx, a);
+        if (algo == Algo::Direct) return coll::allReduceDirect(ctx, a);
         if (algo == Algo::RecursiveDoubling) return coll::allReduceRecursiveDoubling(ctx, a);
         if (algo == Algo::DoubleTree) return coll::allReduceDoubleTree(ctx, a);
         return coll::allReduceRing(ctx, a);

@@ -108,6 +108,8 @@ void reduceBinomial(Context& c, const Args& a);
 void broadcastChain(Context& c, const Args& a);
 // pairwise.cc: all-to-all, every pair exchanging its block directly.
 void allToAllPairwise(Context& c, const Args& a);
+// direct.cc: within one node, reading the peers' staged data in place (shared-memory arena).
+void allReduceDirect(Context& c, const Args& a);
 // hierarchical.cc: node-aware: within each node over shared memory, across nodes between one
 // leader per node, then within each node again.
 void allReduceHierarchical(Context& c, const Args& a);

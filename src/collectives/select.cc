@@ -19,12 +19,15 @@ LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 40, "cost model: microsecond
 LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
 LOOM_PARAM_INT(shmLatencyParam, "LOOM_SHM_LATENCY_US", 2, "cost model: microseconds per message over shared memory");
 LOOM_PARAM_INT(shmBandwidthParam, "LOOM_SHM_MBPS", 5000, "cost model: MB/s per shared-memory link");
+LOOM_PARAM_INT(directMinParam, "LOOM_SHM_DIRECT_MIN_BYTES", 64 * 1024,
+               "all-reduces of this many bytes and more, with every rank on one node, read the peers' data in "
+               "place (the direct algorithm)");
 LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the CPU reduction kernel");
 
 std::vector<Algo> candidates(Coll c) {
   switch (c) {
     case Coll::AllReduce:
-      return {Algo::Ring, Algo::RecursiveDoubling, Algo::DoubleTree, Algo::Hierarchical};
+      return {Algo::Ring, Algo::RecursiveDoubling, Algo::DoubleTree, Algo::Hierarchical, Algo::Direct};
     case Coll::Broadcast:
       return {Algo::Chain, Algo::Binomial, Algo::Hierarchical};
     case Coll::Reduce:
@@ -59,7 +62,7 @@ const char* overrideKey(Coll c) {
 
 bool parseAlgo(const std::string& s, Algo* out) {
   for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::Binomial, Algo::Chain, Algo::Pairwise, Algo::DoubleTree,
-                 Algo::Hierarchical}) {
+                 Algo::Hierarchical, Algo::Direct}) {
     if (s == algoName(a)) {
       *out = a;
       return true;
@@ -107,9 +110,13 @@ const char* algoName(Algo a) {
       return "dbtree";
     case Algo::Hierarchical:
       return "hier";
+    case Algo::Direct:
+      return "direct";
   }
   return "?";
 }
+
+size_t directMinBytesFromEnv() { return static_cast<size_t>(std::max<int64_t>(0, directMinParam())); }
 
 CostModel costModelFromEnv(const std::string& transport) {
   CostModel m;
@@ -135,6 +142,7 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
   if (n == 1) return 0;
   switch (a) {
     case Algo::Hierarchical:
+    case Algo::Direct:
       return 1e300;  // modelled by Selector, which knows the nodes
     case Algo::Ring: {
       // Every step moves one segment per channel; each channel's message pays the per-message
@@ -218,7 +226,7 @@ Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::stri
   Algo best = cands.front();
   double bestUs = modelUs(c, best, bytes, n, m);
   for (Algo x : cands) {
-    if (x == Algo::Hierarchical) continue;  // needs the node shape: Selector::pick weighs it
+    if (x == Algo::Hierarchical || x == Algo::Direct) continue;  // need the node shape: Selector::pick
     double t = modelUs(c, x, bytes, n, m);
     if (t < bestUs) {
       best = x;
@@ -261,6 +269,7 @@ Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   const uint64_t seen = memo.load(std::memory_order_relaxed);
   if (seen != 0 && (seen >> 8) == bytes) return static_cast<Algo>((seen & 0xff) - 1);
   Algo a = selectAlgo(c, bytes, ranks, m_, "");
+  if (direct() && c == Coll::AllReduce && bytes >= shape_.directMinBytes) a = Algo::Direct;
   if (hierarchical() && (c == Coll::AllReduce || c == Coll::Broadcast || c == Coll::Reduce) &&
       hierarchicalUs(c, bytes) < modelUs(c, a, bytes, ranks, m_))
     a = Algo::Hierarchical;

@@ -15,10 +15,10 @@ namespace loom {
 namespace coll {
 
 enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll };
-enum class Algo { Ring, RecursiveDoubling, Binomial, Chain, Pairwise, DoubleTree, Hierarchical };
+enum class Algo { Ring, RecursiveDoubling, Binomial, Chain, Pairwise, DoubleTree, Hierarchical, Direct };
 
 const char* collName(Coll c);  ///< "all_reduce", ...
-const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise", "dbtree", "hier"
+const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise", "dbtree", "hier", "direct"
 
 struct CostModel {
   double latencyUs = 25.0;              ///< per message step
@@ -30,6 +30,8 @@ struct CostModel {
   size_t channelMinBytes = 256 * 1024;  ///< LOOM_RING_CHANNEL_MIN_BYTES
 };
 
+/// LOOM_SHM_DIRECT_MIN_BYTES.
+size_t directMinBytesFromEnv();
 /// The model from the environment, for links of `transport` ("tcp": LOOM_TCP_LATENCY_US and
 /// LOOM_TCP_MBPS; "shm": LOOM_SHM_LATENCY_US and LOOM_SHM_MBPS).
 CostModel costModelFromEnv(const std::string& transport = "tcp");
@@ -51,6 +53,10 @@ struct NodeShape {
   int nodes = 1;
   int maxLocal = 1;
   CostModel intra;
+  /// Every rank shares one node and its memory arena: the direct all-reduce is possible, and
+  /// taken from this many bytes up (LOOM_SHM_DIRECT_MIN_BYTES).
+  bool direct = false;
+  size_t directMinBytes = 64 * 1024;
 };
 
 class Selector {
@@ -65,6 +71,8 @@ class Selector {
   Algo pickInter(Coll c, size_t bytes, int ranks) const { return selectAlgo(c, bytes, ranks, m_, ""); }
   /// Whether a node-aware algorithm can differ from a flat one here.
   bool hierarchical() const { return shape_.nodes >= 2 && shape_.maxLocal >= 2; }
+  /// Whether the direct (shared-arena) all-reduce can run here.
+  bool direct() const { return shape_.direct; }
   /// Modelled microseconds of the hierarchical form of c.
   double hierarchicalUs(Coll c, size_t bytes) const;
   const CostModel& model() const { return m_; }

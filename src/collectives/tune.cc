@@ -84,6 +84,9 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   for (int k = 0; k < comm.nodeCount(); ++k)
     shape.maxLocal = std::max(shape.maxLocal, static_cast<int>(comm.ranksOnNode(k).size()));
   shape.intra = costModelFromEnv(within);
+  const LocalArena* arena = comm.arena();
+  shape.direct = arena != nullptr && static_cast<int>(arena->ranks.size()) == comm.size() && comm.size() > 1;
+  shape.directMinBytes = directMinBytesFromEnv();
   comm.setSelector(std::make_shared<const Selector>(model, algoOverrideFromEnv(), shape));
 }
 

@@ -97,6 +97,12 @@ class CommImpl : public Progressable {
   /// The transport linking this rank to `peer` ("shm", "tcp"; "self" for this rank).
   const std::string& transportOf(int peer) const { return transportOf_[static_cast<size_t>(peer)]; }
   std::string describeLink(int peer) const { return conns_[static_cast<size_t>(peer)]->describe(); }
+  /// The node's shared arena (shared-memory transport), or nullptr.
+  const LocalArena* arena() const {
+    for (const auto& t : transports_)
+      if (const LocalArena* a = t->arena()) return a;
+    return nullptr;
+  }
 
   // ---- Cost model inputs measured at init (collectives/tune.hpp); unset unless LOOM_TUNE. ----
   void setLink(const LinkModel& m) { link_ = m; }

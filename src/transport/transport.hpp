@@ -13,6 +13,7 @@
 // back-reference to the engine, which the communicator stops before destroying them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,6 +49,18 @@ class Connection {
   /// connection's reads (no wake-up per packet), and they take over again after the last ends.
   virtual void pollBegin() noexcept {}
   virtual void pollEnd() noexcept {}
+};
+
+/// Memory every rank of this node can load from in place (the shared-memory transport's direct
+/// areas): one buffer per local rank, with that rank's step counter and the description of the
+/// collective it is in (shm/segment.hpp). For algorithms that read peers' data where it lies.
+struct LocalArena {
+  std::vector<int> ranks;  ///< the node's ranks, ascending
+  int me = 0;              ///< this rank's index in `ranks`
+  size_t bytes = 0;        ///< of each buffer
+  std::vector<uint8_t*> buffers;
+  std::vector<std::atomic<uint64_t>*> steps;
+  std::vector<std::atomic<uint64_t>*> calls;  ///< 3 words each: sequence, bytes, type | op << 8
 };
 
 /// What a transport needs to set up its connections.
@@ -90,6 +103,8 @@ class Transport {
   /// A thread of this rank goes to sleep in a wait (on), or wakes (off): the transport must then
   /// complete requests from its progress thread.
   virtual void waiting(bool on) noexcept { (void)on; }
+  /// The node's shared arena, when this transport has one (after connect).
+  virtual const LocalArena* arena() const { return nullptr; }
 };
 
 }  // namespace loom

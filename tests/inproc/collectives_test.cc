@@ -356,7 +356,8 @@ std::string matrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Shm, SmallMatrix,
                          ::testing::Combine(::testing::Range(1, 9),
-                                            ::testing::Values("", "ring", "ring+3", "rd,tree", "dbtree", "chain"),
+                                            ::testing::Values("", "ring", "ring+3", "rd,tree", "dbtree", "chain",
+                                                              "direct"),
                                             ::testing::Values("shm")),
                          matrixName);
 INSTANTIATE_TEST_SUITE_P(Tcp, SmallMatrix,
@@ -398,7 +399,7 @@ TEST_P(LargeCounts, EveryCollective) {
 
 INSTANTIATE_TEST_SUITE_P(Shm, LargeCounts,
                          ::testing::Combine(::testing::Values(2, 3, 5, 8),
-                                            ::testing::Values("ring", "ring+4", "rd,tree", "dbtree"),
+                                            ::testing::Values("ring", "ring+4", "rd,tree", "dbtree", "direct"),
                                             ::testing::Values("shm")),
                          matrixName);
 INSTANTIATE_TEST_SUITE_P(Tcp, LargeCounts,

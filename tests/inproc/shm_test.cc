@@ -272,3 +272,35 @@ TEST(Shm, NodeAwareAlgorithmsAreChosenAcrossNodes) {
     EXPECT_THROW(c.algorithmFor("all_sorts", 8), loom::Error);
   });
 }
+
+// The direct all-reduce (ranks of one node reading each other's staged data in place): chosen from
+// LOOM_SHM_DIRECT_MIN_BYTES up, correct across chunks of a small arena, and ranks that disagree on
+// the count get an error instead of reading past each other's data.
+TEST(Shm, DirectAllReduceAcrossChunksAndMismatches) {
+  EnvVar small("LOOM_SHM_DIRECT_BYTES", "8192");  // many chunks, uneven last one
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    EXPECT_EQ(c.algorithmFor("all_reduce", 1u << 20), "direct");
+    EXPECT_NE(c.algorithmFor("all_reduce", 64), "direct");
+    std::vector<int64_t> v(100003);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>(i % 1000) * (c.rank() + 1);
+    c.allReduce(v.data(), v.data(), v.size(), DataType::Int64, loom::ReduceOp::Sum);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] != static_cast<int64_t>(i % 1000) * 6) FAIL() << i << ": " << v[i];
+    std::vector<float> f(50001, 1.0f + static_cast<float>(c.rank())), g(50001, -1.0f);
+    c.allReduce(f.data(), g.data(), f.size(), DataType::Float32, loom::ReduceOp::Max);
+    for (float x : g)
+      if (x != 3.0f) FAIL() << x;
+  });
+  loom::Options o;
+  o.timeout = std::chrono::seconds(10);
+  auto results = loomtest::runRanks(
+      2,
+      [](loom::Communicator& c) {
+        std::vector<float> v(c.rank() == 0 ? 100000 : 100001, 1.0f);
+        c.allReduce(v.data(), v.data(), v.size(), DataType::Float32, loom::ReduceOp::Sum);
+      },
+      o);
+  for (const auto& r : results) {
+    EXPECT_NE(r.error.find("different counts"), std::string::npos) << r.error;
+  }
+}

@@ -108,3 +108,20 @@ TEST(Selector, NodeAwareWhenSeveralNodesHoldSeveralRanks) {
   // Forced by name.
   EXPECT_EQ(loom::coll::Selector(tcp, "hier", shape).pick(Coll::Reduce, 8, 4), Algo::Hierarchical);
 }
+
+TEST(Selector, DirectAllReduceFromItsThresholdWhenEveryRankSharesTheArena) {
+  const auto shm = loom::coll::costModelFromEnv("shm");
+  loom::coll::NodeShape shape;
+  shape.intra = shm;
+  shape.maxLocal = 4;
+  shape.direct = true;
+  shape.directMinBytes = 64 * 1024;
+  loom::coll::Selector sel(shm, "", shape);
+  EXPECT_EQ(sel.pick(Coll::AllReduce, 64 * 1024, 4), Algo::Direct);
+  EXPECT_EQ(sel.pick(Coll::AllReduce, 256u << 20, 4), Algo::Direct);
+  EXPECT_NE(sel.pick(Coll::AllReduce, 1024, 4), Algo::Direct);
+  EXPECT_NE(sel.pick(Coll::Broadcast, 256u << 20, 4), Algo::Direct);  // all-reduce only
+  shape.direct = false;
+  EXPECT_NE(loom::coll::Selector(shm, "", shape).pick(Coll::AllReduce, 256u << 20, 4), Algo::Direct);
+  EXPECT_EQ(loom::coll::Selector(shm, "direct", shape).pick(Coll::AllReduce, 8, 4), Algo::Direct);  // forced
+}

@@ -69,8 +69,14 @@ std::string Segment::nameFor(const Nonce& commId, int rank) {
   return name;
 }
 
-size_t Segment::sizeFor(int slots, size_t ringBytes) {
-  return headerBytes() + controlBytes(slots) + static_cast<size_t>(slots) * ringBytes;
+size_t Segment::sizeFor(int slots, size_t ringBytes, size_t directBytes) {
+  return headerBytes() + controlBytes(slots) + static_cast<size_t>(slots) * ringBytes + directBytes;
+}
+
+uint8_t* Segment::direct() const {
+  const auto* h = header();
+  return static_cast<uint8_t*>(base_) + headerBytes() + controlBytes(static_cast<int>(h->slots)) +
+         static_cast<size_t>(h->slots) * static_cast<size_t>(h->ringBytes);
 }
 
 RingControl* Segment::ring(int slot) const {
@@ -83,8 +89,9 @@ uint8_t* Segment::ringData(int slot) const {
          static_cast<size_t>(slot) * static_cast<size_t>(h->ringBytes);
 }
 
-Segment Segment::create(const std::string& name, int owner, int slots, size_t ringBytes, const Nonce& commId) {
-  const size_t bytes = sizeFor(slots, ringBytes);
+Segment Segment::create(const std::string& name, int owner, int slots, size_t ringBytes, size_t directBytes,
+                        const Nonce& commId) {
+  const size_t bytes = sizeFor(slots, ringBytes, directBytes);
   const std::string path = "/dev/shm" + name;
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -107,9 +114,10 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
     close(fd);
     if (rc == ENOSPC) {
       LOOM_THROW(ErrorCode::System, owner,
-                 strFormat("no room in /dev/shm for shared-memory segment %s of %zu bytes (%d rings of %zu bytes): "
-                           "free space there (df /dev/shm), lower LOOM_SHM_RING_BYTES, or set LOOM_TRANSPORT=^shm",
-                           path.c_str(), bytes, slots, ringBytes));
+                 strFormat("no room in /dev/shm for shared-memory segment %s of %zu bytes (%d rings of %zu bytes, "
+                           "direct area of %zu): free space there (df /dev/shm), lower LOOM_SHM_RING_BYTES or "
+                           "LOOM_SHM_DIRECT_BYTES, or set LOOM_TRANSPORT=^shm",
+                           path.c_str(), bytes, slots, ringBytes, directBytes));
     }
     LOOM_THROW(
         ErrorCode::System, owner,
@@ -132,6 +140,7 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
   h->slots = static_cast<uint32_t>(slots);
   h->totalBytes = bytes;
   h->ringBytes = ringBytes;
+  h->directBytes = directBytes;
   h->owner = static_cast<uint32_t>(owner);
   h->pid = static_cast<int32_t>(getpid());
   std::memcpy(h->commId, commId.data(), 16);
@@ -187,7 +196,8 @@ Segment Segment::attach(const std::string& name, int self, int owner, size_t exp
     why = strFormat("its layout version is %u, this build speaks %u (different Loom versions in one job?)", h->version,
                     kSegmentVersion);
   } else if (h->totalBytes != expectBytes || h->slots == 0 || h->slots > 4096 || h->ringBytes == 0 ||
-             sizeFor(static_cast<int>(h->slots), static_cast<size_t>(h->ringBytes)) != expectBytes) {
+             sizeFor(static_cast<int>(h->slots), static_cast<size_t>(h->ringBytes),
+                     static_cast<size_t>(h->directBytes)) != expectBytes) {
     why = strFormat("its header describes %llu bytes (%u rings of %llu), not the %zu bytes announced",
                     static_cast<unsigned long long>(h->totalBytes), h->slots,
                     static_cast<unsigned long long>(h->ringBytes), expectBytes);

@@ -4,7 +4,8 @@
 // owner unlinks it as soon as every local peer has attached, so nothing stays in /dev/shm after
 // setup, whatever happens to the processes later (SIGKILL included).
 //
-// Layout (page-aligned pieces): SegmentHeader | RingControl[slots] | ring data[slots].
+// Layout (page-aligned pieces): SegmentHeader | RingControl[slots] | ring data[slots] | direct
+// area (the owner stages data there that every local rank loads in place: collectives/direct.cc).
 // The header also carries what the ranks need besides the rings: the doorbell futex word the
 // owner's progress thread sleeps on, a robust process-shared mutex the owner's progress thread
 // holds for as long as it lives (a peer that finds it released or "owner died" knows the owner
@@ -28,7 +29,7 @@ namespace loom {
 namespace shm {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cULL;  // "LOOMSHM1"
-constexpr uint32_t kSegmentVersion = 1;
+constexpr uint32_t kSegmentVersion = 2;
 constexpr size_t kCacheLine = 64;
 
 /// Control words of one ring; head and tail on their own cache lines.
@@ -44,8 +45,9 @@ struct SegmentHeader {
   uint32_t slots;
   uint64_t totalBytes;
   uint64_t ringBytes;
-  uint32_t owner;  ///< rank
-  int32_t pid;     ///< owner's pid, as the owner sees it
+  uint64_t directBytes;  ///< size of the direct area
+  uint32_t owner;        ///< rank
+  int32_t pid;           ///< owner's pid, as the owner sees it
   uint8_t commId[16];
   uint64_t cookie;  ///< random; peers read it with process_vm_readv to test cross-memory attach
   alignas(kCacheLine) pthread_mutex_t alive;           ///< robust; held by the owner's progress thread
@@ -58,6 +60,11 @@ struct SegmentHeader {
   /// owner's progress thread at once.
   std::atomic<uint32_t> waiters;
   std::atomic<uint32_t> closed;  ///< the owner left cleanly
+  /// Direct-area synchronisation: the owner's step count (each step published with release),
+  /// and the collective it is in (sequence number, bytes, type | op << 8), written before its
+  /// first step of that collective, so that peers check they run the same one before reading.
+  alignas(kCacheLine) std::atomic<uint64_t> directStep;
+  alignas(kCacheLine) std::atomic<uint64_t> directCall[3];
   /// The owner's communicator failed: 1 while the reason is written, 2 once `failure` holds it.
   /// Peers read it to explain what they see next (a vanished buffer, a dead process).
   std::atomic<uint32_t> failed;
@@ -87,13 +94,14 @@ class Segment {
 
   /// The name rank `rank` of communicator `commId` uses ("/loom-<id>-<rank>").
   static std::string nameFor(const Nonce& commId, int rank);
-  /// Bytes of a segment with `slots` rings of `ringBytes` each.
-  static size_t sizeFor(int slots, size_t ringBytes);
+  /// Bytes of a segment with `slots` rings of `ringBytes` each and a direct area.
+  static size_t sizeFor(int slots, size_t ringBytes, size_t directBytes);
 
   /// Creates, sizes (fallocate: a full /dev/shm fails here, not later with SIGBUS) and maps the
   /// segment, and initialises its header. Throws Error(System) naming the segment: EEXIST (another
   /// job or a killed one left the same name), ENOSPC, EACCES.
-  static Segment create(const std::string& name, int owner, int slots, size_t ringBytes, const Nonce& commId);
+  static Segment create(const std::string& name, int owner, int slots, size_t ringBytes, size_t directBytes,
+                        const Nonce& commId);
   /// Opens and maps a peer's segment and checks it is what `owner` published: magic, version,
   /// size, owner and communicator. Throws Error naming the segment and the peer otherwise.
   static Segment attach(const std::string& name, int self, int owner, size_t expectBytes, const Nonce& commId);
@@ -108,6 +116,8 @@ class Segment {
   RingControl* ring(int slot) const;
   uint8_t* ringData(int slot) const;
   size_t ringBytes() const { return static_cast<size_t>(header()->ringBytes); }
+  uint8_t* direct() const;
+  size_t directBytes() const { return static_cast<size_t>(header()->directBytes); }
 
  private:
   void* base_ = nullptr;

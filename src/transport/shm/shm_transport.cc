@@ -23,6 +23,9 @@ LOOM_PARAM_INT(ringBytesParam, "LOOM_SHM_RING_BYTES", 1 << 20,
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_SHM_EAGER_BYTES", 64 * 1024,
                "largest shared-memory message copied through the ring; larger ones are read directly from the "
                "sender (process_vm_readv) where the kernel allows it");
+LOOM_PARAM_INT(directBytesParam, "LOOM_SHM_DIRECT_BYTES", 4 << 20,
+               "bytes of each rank's direct area, where the intra-node all-reduce stages data that the node's "
+               "ranks read in place (0: none)");
 LOOM_PARAM_INT(cmaParam, "LOOM_SHM_CMA", 1,
                "1: use process_vm_readv for large shared-memory messages where it works; 0: always copy through "
                "the ring");
@@ -103,7 +106,14 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
 
   // 1. Our segment, our progress thread, our announcement.
   const std::string name = Segment::nameFor(ctx.commId, rank);
-  mine_ = Segment::create(name, rank, slots, ringBytes, ctx.commId);
+  const int64_t directParam = directBytesParam();
+  if (directParam < 0 || directParam > (int64_t{1} << 40)) {
+    LOOM_THROW(
+        ErrorCode::InvalidArgument, rank,
+        strFormat("LOOM_SHM_DIRECT_BYTES=%lld is out of range (0 to 2^40)", static_cast<long long>(directParam)));
+  }
+  const size_t directBytes = (static_cast<size_t>(directParam) + 4095) / 4096 * 4096;
+  mine_ = Segment::create(name, rank, slots, ringBytes, directBytes, ctx.commId);
   engine_ = std::make_unique<ShmEngine>(rank, mine_.header());
   engine_->start();
   store.setString("shm/" + std::to_string(rank),
@@ -181,6 +191,22 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
     out.push_back(std::move(conn));
   }
   engine_->seal();
+
+  // 5. The node's arena: every local rank's direct area, usable only if all have one of a size.
+  bool sameSize = directBytes > 0;
+  for (const auto& [p, seg] : theirs_) sameSize = sameSize && seg.directBytes() == directBytes;
+  if (sameSize) {
+    arena_.ranks = local;
+    arena_.bytes = directBytes;
+    for (size_t i = 0; i < local.size(); ++i) {
+      const int r = local[i];
+      SegmentHeader* h = r == rank ? mine_.header() : theirs_[r].header();
+      if (r == rank) arena_.me = static_cast<int>(i);
+      arena_.buffers.push_back(r == rank ? mine_.direct() : theirs_[r].direct());
+      arena_.steps.push_back(&h->directStep);
+      arena_.calls.push_back(h->directCall);
+    }
+  }
   return out;
 }
 

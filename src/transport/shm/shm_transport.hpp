@@ -42,6 +42,7 @@ class ShmTransport : public Transport {
   void waiting(bool on) noexcept override {
     if (engine_) engine_->waiting(on);
   }
+  const LocalArena* arena() const override { return arena_.bytes > 0 ? &arena_ : nullptr; }
 
  private:
   std::vector<std::unique_ptr<Connection>> setUp(TransportContext& ctx, const std::vector<int>& peers);
@@ -52,6 +53,7 @@ class ShmTransport : public Transport {
 
   Segment mine_;
   std::map<int, Segment> theirs_;
+  LocalArena arena_;
   std::unique_ptr<ShmEngine> engine_;  // declared last: stopped before the segments go
 };
 

@@ -1,0 +1,136 @@
+// Intra-node direct all-reduce: the ranks of one node share memory, so instead of passing copies
+// around a ring, every rank stages its input in its direct area (shm/segment.hpp) and reads its
+// peers' in place. Per chunk of at most the area's size, three steps separated by barriers on the
+// ranks' step counters (no messages):
+//   1. stage: copy this rank's chunk of input into its own area;
+//   2. reduce: reduce this rank's slice of the chunk from every rank's area, in rank order, into
+//      the receive buffer, and put the result back in its own area at that slice;
+//   3. gather: copy every other rank's reduced slice from its area into the receive buffer;
+// and a last barrier before an area is written again. Each element is reduced once, by one rank,
+// in one order, so every rank holds the same bits. A rank moves about 5 bytes of memory traffic
+// per byte of message, against 2 + 7(n-1)/n for the ring with single-copy reads, and no syscall.
+// Before reading a peer's area, a rank checks that the peer is in the same collective (sequence
+// number, size, type and op); a mismatch fails the communicator instead of reading garbage.
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "collectives/context.hpp"
+#include "core/format.hpp"
+#include "kernels/reduce.hpp"
+
+namespace loom {
+namespace coll {
+namespace {
+
+uint64_t callWord(const Args& a) { return static_cast<uint64_t>(a.type) | static_cast<uint64_t>(a.op) << 8; }
+
+// Waits until every other rank of the arena has made `target` steps.
+void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
+  ar.steps[static_cast<size_t>(ar.me)]->store(target, std::memory_order_release);
+  const auto& comm = c.comm();
+  const auto deadline = Clock::now() + comm.timeout();
+  const int pauses = detail::pauseSpinsBeforeYield().load(std::memory_order_relaxed);
+  for (size_t p = 0; p < ar.steps.size(); ++p) {
+    if (static_cast<int>(p) == ar.me) continue;
+    for (unsigned spins = 0; ar.steps[p]->load(std::memory_order_acquire) < target; ++spins) {
+      if (static_cast<int>(spins) < pauses) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        continue;
+      }
+      std::this_thread::yield();
+      if ((spins & 255) != 0) continue;
+      if (comm.failureState()->failed()) throw comm.failureState()->first().toError(comm.rank());
+      if (Clock::now() > deadline) {
+        Status s = Status::error(
+            ErrorCode::Timeout,
+            strFormat("%s #%lld (direct): rank %d did not reach step %llu of the shared-memory all-reduce within "
+                      "%.0f s: it may have stopped, hung or called a different collective (LOOM_TIMEOUT)",
+                      c.name(), static_cast<long long>(c.seq()), ar.ranks[p], static_cast<unsigned long long>(target),
+                      static_cast<double>(comm.timeout().count()) / 1000.0),
+            ar.ranks[p], c.seq());
+        comm.failureState()->fail(s);
+        throw s.toError(comm.rank());
+      }
+    }
+  }
+}
+
+void checkSameCall(const Context& c, const LocalArena& ar, const Args& a) {
+  const uint64_t bytes = a.count * a.elem, word = callWord(a);
+  for (size_t p = 0; p < ar.calls.size(); ++p) {
+    if (static_cast<int>(p) == ar.me) continue;
+    const uint64_t seq = ar.calls[p][0].load(std::memory_order_relaxed);
+    const uint64_t b = ar.calls[p][1].load(std::memory_order_relaxed);
+    const uint64_t w = ar.calls[p][2].load(std::memory_order_relaxed);
+    if (seq == static_cast<uint64_t>(c.seq()) && b == bytes && w == word) continue;
+    Status s = Status::error(
+        ErrorCode::InvalidUsage,
+        strFormat("%s #%lld (direct): rank %d is in collective #%llu with %llu bytes (type %llu, op %llu) where this "
+                  "rank has %llu bytes (type %d, op %d): the ranks called this collective with different counts, "
+                  "datatypes or ops",
+                  c.name(), static_cast<long long>(c.seq()), ar.ranks[p], static_cast<unsigned long long>(seq),
+                  static_cast<unsigned long long>(b), static_cast<unsigned long long>(w & 0xff),
+                  static_cast<unsigned long long>(w >> 8), static_cast<unsigned long long>(bytes),
+                  static_cast<int>(a.type), static_cast<int>(a.op)),
+        ar.ranks[p], c.seq());
+    c.comm().failureState()->fail(s);
+    throw s.toError(c.comm().rank());
+  }
+}
+
+}  // namespace
+
+void allReduceDirect(Context& c, const Args& a) {
+  const LocalArena& ar = *c.comm().arena();
+  const int n = static_cast<int>(ar.ranks.size()), me = ar.me;
+  const size_t E = a.elem;
+  const size_t chunk = std::max<size_t>(1, ar.bytes / E);
+  const uint8_t* in = cbytes(a.send);
+  uint8_t* out = bytes(a.recv);
+  uint8_t* mine = ar.buffers[static_cast<size_t>(me)];
+  ar.calls[static_cast<size_t>(me)][0].store(static_cast<uint64_t>(c.seq()), std::memory_order_relaxed);
+  ar.calls[static_cast<size_t>(me)][1].store(a.count * E, std::memory_order_relaxed);
+  ar.calls[static_cast<size_t>(me)][2].store(callWord(a), std::memory_order_relaxed);
+  uint64_t step = ar.steps[static_cast<size_t>(me)]->load(std::memory_order_relaxed);
+  bool checked = false;
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t len = std::min(chunk, a.count - off);
+    const auto slices = planSegments(len, n);
+    // 1. Stage this rank's chunk.
+    std::memcpy(mine, in + off * E, len * E);
+    barrier(c, ar, ++step);
+    if (!checked) {
+      checkSameCall(c, ar, a);
+      checked = true;
+    }
+    // 2. Reduce this rank's slice from every area, in rank order; publish it in this rank's area.
+    const Segment& s = slices[static_cast<size_t>(me)];
+    if (s.count > 0) {
+      const size_t at = s.offset * E;
+      uint8_t* dst = out + off * E + at;
+      if (n == 1) {
+        std::memcpy(dst, ar.buffers[0] + at, s.count * E);
+      } else {
+        kernels::reduce(dst, ar.buffers[0] + at, ar.buffers[1] + at, s.count, a.type, a.op);
+        for (int p = 2; p < n; ++p)
+          kernels::reduce(dst, dst, ar.buffers[static_cast<size_t>(p)] + at, s.count, a.type, a.op);
+      }
+      if (a.op == ReduceOp::Avg) kernels::divide(dst, s.count, a.type, n);
+      std::memcpy(mine + at, dst, s.count * E);
+    }
+    barrier(c, ar, ++step);
+    // 3. Gather the other slices.
+    for (int p = 0; p < n; ++p) {
+      const Segment& t = slices[static_cast<size_t>(p)];
+      if (p == me || t.count == 0) continue;
+      std::memcpy(out + (off + t.offset) * E, ar.buffers[static_cast<size_t>(p)] + t.offset * E, t.count * E);
+    }
+    barrier(c, ar, ++step);  // every area read: the next chunk (or collective) may overwrite it
+  }
+}
+
+}  // namespace coll
+}  // namespace loom
