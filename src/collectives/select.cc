@@ -19,9 +19,9 @@ LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 40, "cost model: microsecond
 LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
 LOOM_PARAM_INT(shmLatencyParam, "LOOM_SHM_LATENCY_US", 2, "cost model: microseconds per message over shared memory");
 LOOM_PARAM_INT(shmBandwidthParam, "LOOM_SHM_MBPS", 5000, "cost model: MB/s per shared-memory link");
-LOOM_PARAM_INT(directMinParam, "LOOM_SHM_DIRECT_MIN_BYTES", 64 * 1024,
-               "all-reduces of this many bytes and more, with every rank on one node, read the peers' data in "
-               "place (the direct algorithm)");
+LOOM_PARAM_INT(directMinParam, "LOOM_SHM_DIRECT_MIN_BYTES", 16 * 1024,
+               "all-reduces of this many bytes and more (and the small ones of its one-barrier form), with every "
+               "rank on one node, read the peers' data in place (the direct algorithm)");
 LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the CPU reduction kernel");
 
 std::vector<Algo> candidates(Coll c) {
@@ -269,7 +269,8 @@ Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   const uint64_t seen = memo.load(std::memory_order_relaxed);
   if (seen != 0 && (seen >> 8) == bytes) return static_cast<Algo>((seen & 0xff) - 1);
   Algo a = selectAlgo(c, bytes, ranks, m_, "");
-  if (direct() && c == Coll::AllReduce && bytes >= shape_.directMinBytes) a = Algo::Direct;
+  if (direct() && c == Coll::AllReduce && (bytes <= shape_.directSmallMaxBytes || bytes >= shape_.directMinBytes))
+    a = Algo::Direct;
   if (hierarchical() && (c == Coll::AllReduce || c == Coll::Broadcast || c == Coll::Reduce) &&
       hierarchicalUs(c, bytes) < modelUs(c, a, bytes, ranks, m_))
     a = Algo::Hierarchical;

@@ -56,8 +56,13 @@ struct NodeShape {
   /// Every rank shares one node and its memory arena: the direct all-reduce is possible, and
   /// taken from this many bytes up (LOOM_SHM_DIRECT_MIN_BYTES).
   bool direct = false;
-  size_t directMinBytes = 64 * 1024;
+  size_t directMinBytes = 16 * 1024;
+  size_t directSmallMaxBytes = 0;  ///< up to this, the one-barrier form (directSmallMaxBytes())
 };
+
+/// The largest all-reduce the direct algorithm runs in its one-barrier form, for an area of
+/// `areaBytes`: 16 KiB, or a quarter of a smaller area.
+inline size_t directSmallMaxBytes(size_t areaBytes) { return areaBytes / 4 < 16384 ? areaBytes / 4 : 16384; }
 
 class Selector {
  public:

@@ -60,7 +60,7 @@ struct LocalArena {
   size_t bytes = 0;        ///< of each buffer
   std::vector<uint8_t*> buffers;
   std::vector<std::atomic<uint64_t>*> steps;
-  std::vector<std::atomic<uint64_t>*> calls;  ///< 3 words each: sequence, bytes, type | op << 8
+  std::vector<std::atomic<uint64_t>*> calls;  ///< 3 sets of 3 words each: sequence, bytes, type | op << 8
 };
 
 /// What a transport needs to set up its connections.

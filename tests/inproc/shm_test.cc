@@ -280,7 +280,18 @@ TEST(Shm, DirectAllReduceAcrossChunksAndMismatches) {
   EnvVar small("LOOM_SHM_DIRECT_BYTES", "8192");  // many chunks, uneven last one
   loomtest::runOk(3, [&](loom::Communicator& c) {
     EXPECT_EQ(c.algorithmFor("all_reduce", 1u << 20), "direct");
-    EXPECT_NE(c.algorithmFor("all_reduce", 64), "direct");
+    EXPECT_EQ(c.algorithmFor("all_reduce", 64), "direct");    // one-barrier form (up to 8192 / 4)
+    EXPECT_NE(c.algorithmFor("all_reduce", 4096), "direct");  // between the two forms: the model's
+    for (int round = 0; round < 50; ++round) {                // small calls alternate halves
+      int32_t x[3] = {c.rank() + round, 1, -round};
+      c.allReduce(x, x, 3, DataType::Int32, round % 2 ? loom::ReduceOp::Max : loom::ReduceOp::Sum);
+      if (round % 2 == 0) {
+        EXPECT_EQ(x[0], 3 * round + 3);
+        EXPECT_EQ(x[1], 3);
+      } else {
+        EXPECT_EQ(x[0], round + 2);
+      }
+    }
     std::vector<int64_t> v(100003);
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>(i % 1000) * (c.rank() + 1);
     c.allReduce(v.data(), v.data(), v.size(), DataType::Int64, loom::ReduceOp::Sum);

@@ -119,7 +119,11 @@ TEST(Selector, DirectAllReduceFromItsThresholdWhenEveryRankSharesTheArena) {
   loom::coll::Selector sel(shm, "", shape);
   EXPECT_EQ(sel.pick(Coll::AllReduce, 64 * 1024, 4), Algo::Direct);
   EXPECT_EQ(sel.pick(Coll::AllReduce, 256u << 20, 4), Algo::Direct);
-  EXPECT_NE(sel.pick(Coll::AllReduce, 1024, 4), Algo::Direct);
+  EXPECT_NE(sel.pick(Coll::AllReduce, 1024, 4), Algo::Direct);  // no small form configured here
+  shape.directSmallMaxBytes = 16 * 1024;
+  EXPECT_EQ(loom::coll::Selector(shm, "", shape).pick(Coll::AllReduce, 8, 4), Algo::Direct);
+  EXPECT_EQ(loom::coll::directSmallMaxBytes(4 << 20), 16u * 1024);
+  EXPECT_EQ(loom::coll::directSmallMaxBytes(8192), 2048u);
   EXPECT_NE(sel.pick(Coll::Broadcast, 256u << 20, 4), Algo::Direct);  // all-reduce only
   shape.direct = false;
   EXPECT_NE(loom::coll::Selector(shm, "", shape).pick(Coll::AllReduce, 256u << 20, 4), Algo::Direct);

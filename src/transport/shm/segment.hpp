@@ -62,9 +62,10 @@ struct SegmentHeader {
   std::atomic<uint32_t> closed;  ///< the owner left cleanly
   /// Direct-area synchronisation: the owner's step count (each step published with release),
   /// and the collective it is in (sequence number, bytes, type | op << 8), written before its
-  /// first step of that collective, so that peers check they run the same one before reading.
+  /// first step of that collective, so that peers check they run the same one before reading:
+  /// three sets: one per half of the area that small calls alternate between, one for large.
   alignas(kCacheLine) std::atomic<uint64_t> directStep;
-  alignas(kCacheLine) std::atomic<uint64_t> directCall[3];
+  alignas(kCacheLine) std::atomic<uint64_t> directCall[9];
   /// The owner's communicator failed: 1 while the reason is written, 2 once `failure` holds it.
   /// Peers read it to explain what they see next (a vanished buffer, a dead process).
   std::atomic<uint32_t> failed;
