@@ -76,11 +76,13 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
         return coll::allReduceRing(ctx, a);
       case Coll::Broadcast:
         if (algo == Algo::Hierarchical) return coll::broadcastHierarchical(ctx, a);
+        if (algo == Algo::Direct) return coll::broadcastDirectSmall(ctx, a);
         return algo == Algo::Binomial ? coll::broadcastBinomial(ctx, a) : coll::broadcastChain(ctx, a);
       case Coll::Reduce:
         if (algo == Algo::Hierarchical) return coll::reduceHierarchical(ctx, a);
         return algo == Algo::Binomial ? coll::reduceBinomial(ctx, a) : coll::reduceRing(ctx, a);
       case Coll::AllGather:
+        if (algo == Algo::Direct) return coll::allGatherDirectSmall(ctx, a);
         return coll::allGatherRing(ctx, a);
       case Coll::ReduceScatter:
         return coll::reduceScatterRing(ctx, a);

@@ -108,8 +108,11 @@ void reduceBinomial(Context& c, const Args& a);
 void broadcastChain(Context& c, const Args& a);
 // pairwise.cc: all-to-all, every pair exchanging its block directly.
 void allToAllPairwise(Context& c, const Args& a);
-// direct.cc: within one node, reading the peers' staged data in place (shared-memory arena).
+// direct.cc: within one node, reading the peers' staged data in place (shared-memory arena):
+// the all-reduce at every size, broadcast and all-gather for small buffers (one barrier).
 void allReduceDirect(Context& c, const Args& a);
+void broadcastDirectSmall(Context& c, const Args& a);
+void allGatherDirectSmall(Context& c, const Args& a);
 // hierarchical.cc: node-aware: within each node over shared memory, across nodes between one
 // leader per node, then within each node again.
 void allReduceHierarchical(Context& c, const Args& a);

@@ -26,7 +26,13 @@ namespace loom {
 namespace coll {
 namespace {
 
-uint64_t callWord(const Args& a) { return static_cast<uint64_t>(a.type) | static_cast<uint64_t>(a.op) << 8; }
+enum class Kind : uint64_t { AllReduce = 1, Broadcast = 2, AllGather = 3 };
+
+// What a rank's collective is, for the same-call check: kind, type, op and root.
+uint64_t callWord(Kind kind, const Args& a) {
+  return static_cast<uint64_t>(a.type) | static_cast<uint64_t>(a.op) << 8 |
+         static_cast<uint64_t>(static_cast<uint32_t>(a.root)) << 16 | static_cast<uint64_t>(kind) << 56;
+}
 
 // Waits until every other rank of the arena has made `target` steps.
 void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
@@ -61,15 +67,14 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
   }
 }
 
-void publishCall(const Context& c, const LocalArena& ar, const Args& a, int set) {
+void publishCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
   std::atomic<uint64_t>* w = ar.calls[static_cast<size_t>(ar.me)] + 3 * set;
   w[0].store(static_cast<uint64_t>(c.seq()), std::memory_order_relaxed);
-  w[1].store(a.count * a.elem, std::memory_order_relaxed);
-  w[2].store(callWord(a), std::memory_order_relaxed);
+  w[1].store(bytes, std::memory_order_relaxed);
+  w[2].store(word, std::memory_order_relaxed);
 }
 
-void checkSameCall(const Context& c, const LocalArena& ar, const Args& a, int set) {
-  const uint64_t bytes = a.count * a.elem, word = callWord(a);
+void checkSameCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
   for (size_t p = 0; p < ar.calls.size(); ++p) {
     if (static_cast<int>(p) == ar.me) continue;
     const std::atomic<uint64_t>* d = ar.calls[p] + 3 * set;
@@ -79,17 +84,38 @@ void checkSameCall(const Context& c, const LocalArena& ar, const Args& a, int se
     if (seq == static_cast<uint64_t>(c.seq()) && b == bytes && w == word) continue;
     Status s = Status::error(
         ErrorCode::InvalidUsage,
-        strFormat("%s #%lld (direct): rank %d is in collective #%llu with %llu bytes (type %llu, op %llu) where this "
-                  "rank has %llu bytes (type %d, op %d): the ranks called this collective with different counts, "
-                  "datatypes or ops",
+        strFormat("%s #%lld (direct): rank %d is in collective #%llu with %llu bytes (kind %llu, type %llu, op %llu, "
+                  "root %llu) where this rank has %llu bytes (kind %llu, type %llu, op %llu, root %llu): the ranks "
+                  "called this collective with different counts, datatypes, ops or roots",
                   c.name(), static_cast<long long>(c.seq()), ar.ranks[p], static_cast<unsigned long long>(seq),
-                  static_cast<unsigned long long>(b), static_cast<unsigned long long>(w & 0xff),
-                  static_cast<unsigned long long>(w >> 8), static_cast<unsigned long long>(bytes),
-                  static_cast<int>(a.type), static_cast<int>(a.op)),
+                  static_cast<unsigned long long>(b), static_cast<unsigned long long>(w >> 56),
+                  static_cast<unsigned long long>(w & 0xff), static_cast<unsigned long long>((w >> 8) & 0xff),
+                  static_cast<unsigned long long>((w >> 16) & 0xffffffff), static_cast<unsigned long long>(bytes),
+                  static_cast<unsigned long long>(word >> 56), static_cast<unsigned long long>(word & 0xff),
+                  static_cast<unsigned long long>((word >> 8) & 0xff),
+                  static_cast<unsigned long long>((word >> 16) & 0xffffffff)),
         ar.ranks[p], c.seq());
     c.comm().failureState()->fail(s);
     throw s.toError(c.comm().rank());
   }
+}
+
+// The one-barrier exchange of small buffers: every rank stages `stage` bytes (possibly none) in
+// the half of its area the step count's parity picks, one barrier, then `consume` reads every
+// rank's half. A rank writes a half again two small calls on, which it reaches only after the
+// next barrier, which every rank passes only once it has finished reading: no second barrier.
+template <typename Consume>
+void smallExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, const void* stage,
+                   size_t stageBytes, Consume consume) {
+  const size_t small = directSmallMaxBytes(ar.bytes);
+  uint64_t step = ar.steps[static_cast<size_t>(ar.me)]->load(std::memory_order_relaxed);
+  const int parity = static_cast<int>(step & 1);
+  const size_t half = static_cast<size_t>(parity) * small;
+  publishCall(c, ar, bytes, word, parity);
+  if (stageBytes > 0) std::memcpy(ar.buffers[static_cast<size_t>(ar.me)] + half, stage, stageBytes);
+  barrier(c, ar, ++step);
+  checkSameCall(c, ar, bytes, word, parity);
+  consume(half);
 }
 
 }  // namespace
@@ -109,30 +135,23 @@ void allReduceDirect(Context& c, const Args& a) {
   const size_t total = a.count * E;
   if (total == 0) return;
   if (total <= small) {
-    // Small: one barrier. Stage in the half the step count's parity picks (every rank's count is
-    // the same here), then every rank reduces the whole buffer from all areas, in rank order. A
-    // peer writes this half again two small calls on, which it reaches only after the next
-    // barrier, which this rank passes only once it has finished reading: no second barrier.
-    const int parity = static_cast<int>(step & 1);
-    const size_t half = static_cast<size_t>(parity) * small;
-    publishCall(c, ar, a, parity);
-    std::memcpy(mine + half, in, total);
-    barrier(c, ar, ++step);
-    checkSameCall(c, ar, a, parity);
-    if (n == 1) {
-      std::memcpy(out, ar.buffers[0] + half, total);
-    } else {
-      kernels::reduce(out, ar.buffers[0] + half, ar.buffers[1] + half, a.count, a.type, a.op);
-      for (int p = 2; p < n; ++p)
-        kernels::reduce(out, out, ar.buffers[static_cast<size_t>(p)] + half, a.count, a.type, a.op);
-    }
-    if (a.op == ReduceOp::Avg) kernels::divide(out, a.count, a.type, n);
+    // Small: every rank reduces the whole buffer from all areas itself, in rank order.
+    smallExchange(c, ar, total, callWord(Kind::AllReduce, a), in, total, [&](size_t half) {
+      if (n == 1) {
+        std::memcpy(out, ar.buffers[0] + half, total);
+      } else {
+        kernels::reduce(out, ar.buffers[0] + half, ar.buffers[1] + half, a.count, a.type, a.op);
+        for (int p = 2; p < n; ++p)
+          kernels::reduce(out, out, ar.buffers[static_cast<size_t>(p)] + half, a.count, a.type, a.op);
+      }
+      if (a.op == ReduceOp::Avg) kernels::divide(out, a.count, a.type, n);
+    });
     return;
   }
   mine += largeAt;
   // Large calls describe themselves in a set of their own: a peer may still be checking the
   // small calls' sets while this rank has moved on.
-  publishCall(c, ar, a, 2);
+  publishCall(c, ar, total, callWord(Kind::AllReduce, a), 2);
   bool checked = false;
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t len = std::min(chunk, a.count - off);
@@ -141,7 +160,7 @@ void allReduceDirect(Context& c, const Args& a) {
     std::memcpy(mine, in + off * E, len * E);
     barrier(c, ar, ++step);
     if (!checked) {
-      checkSameCall(c, ar, a, 2);
+      checkSameCall(c, ar, total, callWord(Kind::AllReduce, a), 2);
       checked = true;
     }
     // 2. Reduce this rank's slice from every area, in rank order; publish it in this rank's area.
@@ -168,6 +187,40 @@ void allReduceDirect(Context& c, const Args& a) {
     }
     barrier(c, ar, ++step);  // every area read: the next chunk (or collective) may overwrite it
   }
+}
+
+void broadcastDirectSmall(Context& c, const Args& a) {
+  const LocalArena& ar = *c.comm().arena();
+  const size_t total = a.count * a.elem;
+  if (total == 0) return;
+  if (total > directSmallMaxBytes(ar.bytes)) return broadcastChain(c, a);  // forced beyond its reach
+  const bool root = c.rank() == a.root;
+  const int rootIndex = static_cast<int>(std::find(ar.ranks.begin(), ar.ranks.end(), a.root) - ar.ranks.begin());
+  smallExchange(c, ar, total, callWord(Kind::Broadcast, a), root ? a.send : nullptr, root ? total : 0,
+                [&](size_t half) {
+                  if (root) {
+                    copyIfDistinct(a.recv, a.send, total);
+                  } else {
+                    std::memcpy(a.recv, ar.buffers[static_cast<size_t>(rootIndex)] + half, total);
+                  }
+                });
+}
+
+void allGatherDirectSmall(Context& c, const Args& a) {
+  const LocalArena& ar = *c.comm().arena();
+  const size_t block = a.count * a.elem;
+  if (block == 0) return;
+  if (block > directSmallMaxBytes(ar.bytes)) return allGatherRing(c, a);  // forced beyond its reach
+  uint8_t* out = bytes(a.recv);
+  smallExchange(c, ar, block, callWord(Kind::AllGather, a), a.send, block, [&](size_t half) {
+    for (size_t p = 0; p < ar.buffers.size(); ++p) {
+      if (static_cast<int>(p) == ar.me) {
+        copyIfDistinct(out + p * block, a.send, block);
+      } else {
+        std::memcpy(out + p * block, ar.buffers[p] + half, block);
+      }
+    }
+  });
 }
 
 }  // namespace coll

@@ -29,11 +29,11 @@ std::vector<Algo> candidates(Coll c) {
     case Coll::AllReduce:
       return {Algo::Ring, Algo::RecursiveDoubling, Algo::DoubleTree, Algo::Hierarchical, Algo::Direct};
     case Coll::Broadcast:
-      return {Algo::Chain, Algo::Binomial, Algo::Hierarchical};
+      return {Algo::Chain, Algo::Binomial, Algo::Hierarchical, Algo::Direct};
     case Coll::Reduce:
       return {Algo::Ring, Algo::Binomial, Algo::Hierarchical};
     case Coll::AllGather:
-      return {Algo::Ring};
+      return {Algo::Ring, Algo::Direct};
     case Coll::ReduceScatter:
       return {Algo::Ring};
     case Coll::AllToAll:
@@ -270,6 +270,10 @@ Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   if (seen != 0 && (seen >> 8) == bytes) return static_cast<Algo>((seen & 0xff) - 1);
   Algo a = selectAlgo(c, bytes, ranks, m_, "");
   if (direct() && c == Coll::AllReduce && (bytes <= shape_.directSmallMaxBytes || bytes >= shape_.directMinBytes))
+    a = Algo::Direct;
+  // Broadcast and all-gather have the one-barrier form only (per rank's block, for all-gather).
+  if (direct() && c == Coll::Broadcast && bytes <= shape_.directSmallMaxBytes) a = Algo::Direct;
+  if (direct() && c == Coll::AllGather && ranks > 0 && bytes / static_cast<size_t>(ranks) <= shape_.directSmallMaxBytes)
     a = Algo::Direct;
   if (hierarchical() && (c == Coll::AllReduce || c == Coll::Broadcast || c == Coll::Reduce) &&
       hierarchicalUs(c, bytes) < modelUs(c, a, bytes, ranks, m_))

@@ -282,7 +282,20 @@ TEST(Shm, DirectAllReduceAcrossChunksAndMismatches) {
     EXPECT_EQ(c.algorithmFor("all_reduce", 1u << 20), "direct");
     EXPECT_EQ(c.algorithmFor("all_reduce", 64), "direct");    // one-barrier form (up to 8192 / 4)
     EXPECT_NE(c.algorithmFor("all_reduce", 4096), "direct");  // between the two forms: the model's
-    for (int round = 0; round < 50; ++round) {                // small calls alternate halves
+    EXPECT_EQ(c.algorithmFor("broadcast", 1024), "direct");   // small broadcast and all-gather too
+    EXPECT_EQ(c.algorithmFor("all_gather", 3 * 512), "direct");
+    EXPECT_NE(c.algorithmFor("broadcast", 1u << 20), "direct");
+    for (int root = 0; root < 3; ++root) {  // every root, each call in the other half
+      std::vector<int16_t> b(300, c.rank() == root ? static_cast<int16_t>(root + 40) : -1);
+      c.broadcast(b.data(), b.data(), b.size() * 2, DataType::Uint8, root);
+      for (int16_t x : b)
+        if (x != root + 40) FAIL() << "broadcast from " << root << ": " << x;
+      std::vector<int16_t> mine(5, static_cast<int16_t>(c.rank() * 10 + root)), all(15, -1);
+      c.allGather(mine.data(), all.data(), mine.size() * 2, DataType::Uint8);
+      for (size_t i = 0; i < all.size(); ++i)
+        if (all[i] != static_cast<int16_t>(static_cast<int>(i / 5) * 10 + root)) FAIL() << "all-gather " << i;
+    }
+    for (int round = 0; round < 50; ++round) {  // small calls alternate halves
       int32_t x[3] = {c.rank() + round, 1, -round};
       c.allReduce(x, x, 3, DataType::Int32, round % 2 ? loom::ReduceOp::Max : loom::ReduceOp::Sum);
       if (round % 2 == 0) {
