@@ -52,6 +52,18 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
       std::this_thread::yield();
       if ((spins & 255) != 0) continue;
       if (comm.failureState()->failed()) throw comm.failureState()->first().toError(comm.rank());
+      if (ar.gone) {
+        const std::string why = ar.gone(static_cast<int>(p));
+        if (!why.empty()) {
+          Status s = Status::error(ErrorCode::Remote,
+                                   strFormat("%s #%lld (direct): rank %d will not reach step %llu: %s", c.name(),
+                                             static_cast<long long>(c.seq()), ar.ranks[p],
+                                             static_cast<unsigned long long>(target), why.c_str()),
+                                   ar.ranks[p], c.seq());
+          comm.failureState()->fail(s);
+          throw s.toError(comm.rank());
+        }
+      }
       if (Clock::now() > deadline) {
         Status s = Status::error(
             ErrorCode::Timeout,

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,10 @@ struct LocalArena {
   std::vector<uint8_t*> buffers;
   std::vector<std::atomic<uint64_t>*> steps;
   std::vector<std::atomic<uint64_t>*> calls;  ///< 3 sets of 3 words each: sequence, bytes, type | op << 8
+  /// Why rank `index` can no longer take part ("" while it can): it closed its communicator, or
+  /// its communicator failed (with the reason it recorded). A killed rank is noticed by the
+  /// transport's progress thread, which fails the communicator.
+  std::function<std::string(int index)> gone;
 };
 
 /// What a transport needs to set up its connections.

@@ -328,3 +328,25 @@ TEST(Shm, DirectAllReduceAcrossChunksAndMismatches) {
     EXPECT_NE(r.error.find("different counts"), std::string::npos) << r.error;
   }
 }
+
+// A rank that leaves (or fails) while the others wait for it in a direct collective: they hear
+// it at once, naming it, instead of at their deadline.
+TEST(Shm, DirectCollectivesNameARankThatLeft) {
+  loom::Options o;
+  o.timeout = std::chrono::seconds(60);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = loomtest::runRanks(
+      3,
+      [](loom::Communicator& c) {
+        if (c.rank() == 1) return;  // destroys its communicator without joining the all-reduce
+        float x = 1.0f;
+        c.allReduce(&x, &x, 1, DataType::Float32, loom::ReduceOp::Sum);
+      },
+      o);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_EQ(results[1].error, "");
+  for (int r : {0, 2}) {
+    EXPECT_NE(results[static_cast<size_t>(r)].error.find("rank 1"), std::string::npos)
+        << results[static_cast<size_t>(r)].error;
+  }
+}

@@ -206,6 +206,15 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
       arena_.steps.push_back(&h->directStep);
       arena_.calls.push_back(h->directCall);
     }
+    std::vector<SegmentHeader*> headers;
+    for (int r : local) headers.push_back(r == rank ? mine_.header() : theirs_[r].header());
+    arena_.gone = [headers](int index) -> std::string {
+      SegmentHeader* h = headers[static_cast<size_t>(index)];
+      const std::string why = recordedFailure(h);
+      if (!why.empty()) return "it failed: " + why;
+      if (h->closed.load() != 0) return "it closed its communicator";
+      return "";
+    };
   }
   return out;
 }
