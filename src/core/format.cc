@@ -42,4 +42,14 @@ std::string bytesText(uint64_t bytes) {
   return u == 0 ? strFormat("%llu B", static_cast<unsigned long long>(bytes)) : strFormat("%.2f %s", v, kUnits[u]);
 }
 
+std::string hexOf(const uint8_t* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s += d[p[i] >> 4];
+    s += d[p[i] & 15];
+  }
+  return s;
+}
+
 }  // namespace loom

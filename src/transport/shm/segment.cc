@@ -26,16 +26,6 @@ size_t roundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 size_t headerBytes() { return roundUp(sizeof(SegmentHeader), kPage); }
 size_t controlBytes(int slots) { return roundUp(sizeof(RingControl) * static_cast<size_t>(slots), kPage); }
 
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    s += d[p[i] >> 4];
-    s += d[p[i] & 15];
-  }
-  return s;
-}
-
 }  // namespace
 
 SegmentTestHooks& segmentTestHooks() {
@@ -64,7 +54,7 @@ Segment& Segment::operator=(Segment&& o) noexcept {
 }
 
 std::string Segment::nameFor(const Nonce& commId, int rank) {
-  std::string name = "/loom-" + hex(commId.data(), 8) + "-" + std::to_string(rank);
+  std::string name = "/loom-" + hexOf(commId.data(), 8) + "-" + std::to_string(rank);
   if (segmentTestHooks().rename) name = segmentTestHooks().rename(name);
   return name;
 }

@@ -32,11 +32,6 @@ LOOM_PARAM_INT(cmaParam, "LOOM_SHM_CMA", 1,
 
 constexpr const char* kGaveUp = "error: ";
 
-std::string sizeText(size_t b) {
-  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
-  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
-  return std::to_string(b) + " B";
-}
 
 }  // namespace
 
@@ -180,11 +175,11 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
     const int inSlot = slotIn(rank, p), outSlot = slotIn(p, rank);
     RingView in(mine_.ring(inSlot), mine_.ringData(inSlot), mine_.ringBytes());
     RingView outRing(theirs.ring(outSlot), theirs.ringData(outSlot), theirs.ringBytes());
-    std::string how = cma ? strFormat("single copy (process_vm_readv) above %s", sizeText(opt.eagerBytes).c_str())
+    std::string how = cma ? strFormat("single copy (process_vm_readv) above %s", bytesText(opt.eagerBytes).c_str())
                           : std::string(cmaWanted ? "process_vm_readv refused: every message copied through the ring"
                                                   : "every message copied through the ring (LOOM_SHM_CMA=0)");
     std::string desc = strFormat("rank %d <-> rank %d: shm, rings of %s each way (segments %s, %s); %s", rank, p,
-                                 sizeText(ringBytes).c_str(), name.c_str(), theirs.name().c_str(), how.c_str());
+                                 bytesText(ringBytes).c_str(), name.c_str(), theirs.name().c_str(), how.c_str());
     auto conn = std::make_unique<ShmConnection>(rank, p, in, outRing, mine_.header(), theirs.header(), pid,
                                                 engine_.get(), ctx.failure, opt, desc);
     engine_->add(conn.get());
