@@ -11,19 +11,22 @@ void allReduceRecursiveDoubling(Context& c, const Args& a) {
   const int r = c.rank();
   const size_t bytesTotal = a.count * a.elem;
   uint8_t* out = bytes(a.recv);
-  copyIfDistinct(out, a.send, bytesTotal);
+  // This rank's running value: its input until the first combination writes it to `out` (no
+  // separate copy of the input on the way).
+  const uint8_t* cur = cbytes(a.send);
   uint8_t* tmp = c.scratch(bytesTotal, 0);
   DoublingPlan plan = planRecursiveDoubling(r, c.size());
   // Operands go in rank order (lower rank's data first) so that both partners compute the same bits.
   auto combine = [&](int partner) {
     if (partner < r)
-      kernels::reduce(out, tmp, out, a.count, a.type, a.op);
+      kernels::reduce(out, tmp, cur, a.count, a.type, a.op);
     else
-      kernels::reduce(out, out, tmp, a.count, a.type, a.op);
+      kernels::reduce(out, cur, tmp, a.count, a.type, a.op);
+    cur = out;
   };
   if (plan.foldTo >= 0) {
     // 1'. Sit out: hand the data to the odd neighbour, take the result back at the end.
-    c.wait(c.send(plan.foldTo, out, bytesTotal));
+    c.wait(c.send(plan.foldTo, cur, bytesTotal));
     c.wait(c.recv(plan.foldTo, out, bytesTotal));
     return;
   }
@@ -35,11 +38,12 @@ void allReduceRecursiveDoubling(Context& c, const Args& a) {
   // 2. Exchange with a partner at distance 1, 2, 4, ...
   for (int partner : plan.partners) {
     auto rq = c.recv(partner, tmp, bytesTotal);
-    auto sq = c.send(partner, out, bytesTotal);
+    auto sq = c.send(partner, cur, bytesTotal);
     c.wait(sq);
     c.wait(rq);
     combine(partner);
   }
+  copyIfDistinct(out, cur, bytesTotal);  // one rank alone: nothing was combined
   if (a.op == ReduceOp::Avg) kernels::divide(out, a.count, a.type, c.size());
   // 3. Hand the result back to the neighbour that sat out.
   if (plan.foldFrom >= 0) c.wait(c.send(plan.foldFrom, out, bytesTotal));

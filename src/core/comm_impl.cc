@@ -351,6 +351,14 @@ void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& 
 bool CommImpl::pollPeer(int peer) noexcept {
   return peer >= 0 && peer < size_ && conns_[static_cast<size_t>(peer)]->poll();
 }
+bool CommImpl::pollAnother(int peer) noexcept {
+  if (size_ <= 2) return false;
+  // One of the others, in turn (never this rank, whose self connection needs no polling).
+  unsigned k = nextPolled_.fetch_add(1, std::memory_order_relaxed) % static_cast<unsigned>(size_ - 1);
+  int other = static_cast<int>(k) >= rank_ ? static_cast<int>(k) + 1 : static_cast<int>(k);
+  if (other == peer) return false;
+  return conns_[static_cast<size_t>(other)]->poll();
+}
 void CommImpl::beginPolling(int peer) noexcept {
   if (peer >= 0 && peer < size_) conns_[static_cast<size_t>(peer)]->pollBegin();
 }

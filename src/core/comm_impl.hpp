@@ -81,9 +81,12 @@ class CommImpl : public Progressable {
 
   // ---- Progress driven by waiting threads (Progressable). ----
   bool pollPeer(int peer) noexcept override;
+  bool pollAnother(int peer) noexcept override;
   void beginPolling(int peer) noexcept override;
   void endPolling(int peer) noexcept override;
   void attend(bool on) noexcept override;
+  /// What a thread attends while it runs a blocking operation of this communicator (AttendScope).
+  const std::shared_ptr<ProgressHook>& progressHook() const { return progress_; }
   void waiting(bool on) noexcept override;
 
   // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
@@ -141,6 +144,7 @@ class CommImpl : public Progressable {
   std::vector<std::string> transportOf_;            // by rank
   std::unique_ptr<OpQueue> queue_;
   std::atomic<int64_t> nextSeq_{0};
+  std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
   std::atomic<bool> aborted_{false};
   std::vector<uint8_t> scratch_[kScratchSlots];
   std::optional<LinkModel> link_;

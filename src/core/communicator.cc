@@ -184,12 +184,17 @@ void checkNotSelf(const detail::CommImpl& c, int peer, const char* what) {
 }
 }  // namespace
 
+// A blocking send or receive is attended: this thread waits on it at once and drives it.
 void Communicator::send(const void* buf, size_t count, DataType type, int peer, uint32_t tag) {
-  checkNotSelf(live(impl_), peer, "send");
+  auto& c = live(impl_);
+  checkNotSelf(c, peer, "send");
+  detail::AttendScope attend(c.progressHook());
   isend(buf, count, type, peer, tag).wait();
 }
 void Communicator::recv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
-  checkNotSelf(live(impl_), peer, "recv");
+  auto& c = live(impl_);
+  checkNotSelf(c, peer, "recv");
+  detail::AttendScope attend(c.progressHook());
   irecv(buf, count, type, peer, tag).wait();
 }
 

@@ -155,6 +155,9 @@ bool Request::waitUntil(Clock::time_point deadline) {
       if (progress_ && progress_->poll(peer_)) {
         progressed = true;
         idle = 0;
+      } else if ((spins & 15) == 15 && progress_ && progress_->pollAnother(peer_)) {
+        // What other peers need of this rank (a CTS to read, a send to finish) moves too.
+        progressed = true;
       } else if (++idle < pauseSpins) {
         cpuRelax();
       } else {

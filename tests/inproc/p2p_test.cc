@@ -231,6 +231,49 @@ TEST_P(P2PLinks, LargerMessageThanReceiveIsAnErrorNotATruncation) {
   }
 }
 
+// A receive posted and not waited on still completes in the background: the sender's blocking send
+// of more than the sockets can buffer returns only once the receiver's progress thread has
+// answered its announcement and read the bytes, while the receiver's own thread never looks.
+TEST_P(P2PLinks, UnwaitedReceiveProgressesInTheBackground) {
+  loomtest::TransportSetup links(GetParam());
+  const size_t bytes = (64u << 20) + 3;
+  std::atomic<bool> sent{false};
+  runOk(2, [&](loom::Communicator& c) {
+    std::vector<uint8_t> buf(bytes, 0);
+    if (c.rank() == 1) {
+      for (size_t i = 0; i < bytes; ++i) buf[i] = pattern(1, 0, 0, i);
+      c.send(buf.data(), bytes, DataType::Uint8, 0);
+      sent = true;
+      return;
+    }
+    auto w = c.irecv(buf.data(), bytes, DataType::Uint8, 1);
+    while (!sent) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no wait(), no test()
+    w.wait();
+    EXPECT_EQ(w.bytes(), bytes);
+    for (size_t i = 0; i < bytes; ++i)
+      if (buf[i] != pattern(1, 0, 0, i)) FAIL() << "byte " << i;
+  });
+}
+
+// A waiter whose peer comes late gives up spinning and sleeps; the progress threads then finish
+// its receive (announced, large) and its send, and wake it.
+TEST_P(P2PLinks, SleepingWaitersAreCompletedByTheProgressThreads) {
+  loomtest::TransportSetup links(GetParam());
+  const size_t bytes = (16u << 20) + 1;
+  runOk(2, [&](loom::Communicator& c) {
+    const int peer = 1 - c.rank();
+    std::vector<uint8_t> out(bytes), in(bytes, 0);
+    for (size_t i = 0; i < bytes; ++i) out[i] = pattern(c.rank(), peer, 1, i);
+    if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto r = c.irecv(in.data(), bytes, DataType::Uint8, peer, 1);
+    auto s = c.isend(out.data(), bytes, DataType::Uint8, peer, 1);
+    r.wait();
+    s.wait();
+    for (size_t i = 0; i < bytes; ++i)
+      if (in[i] != pattern(peer, c.rank(), 1, i)) FAIL() << "byte " << i;
+  });
+}
+
 TEST(P2P, BadArgumentsAreRejected) {
   runOk(2, [&](loom::Communicator& c) {
     auto expectCode = [](loom::ErrorCode code, const std::function<void()>& f) {

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -279,6 +280,43 @@ TEST(Loomrun, CtrlCStopsEveryRank) {
   std::string out;
   EXPECT_EQ(finish(p, 20, &out), 130) << out;
   EXPECT_NE(out.find("interrupted"), std::string::npos) << out;
+}
+
+// With no more ranks than CPUs, each rank runs on its own block of them (as mpirun binds);
+// --bind none, or more ranks than CPUs, leaves every rank with all of them.
+TEST(Loomrun, BindsEachRankToItsOwnCpus) {
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  const int cpus = CPU_COUNT(&mine);
+  auto allowed = [](const std::string& out, int rank) {
+    const std::string key = "[" + std::to_string(rank) + "] Cpus_allowed_list:\t";
+    size_t at = out.find(key);
+    if (at == std::string::npos) return std::string("?");
+    return out.substr(at + key.size(), out.find('\n', at) - at - key.size());
+  };
+  const std::vector<std::string> grep = {"grep", "Cpus_allowed_list", "/proc/self/status"};
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), path("LOOMRUN"));
+    args.insert(args.end(), grep.begin(), grep.end());
+    std::string out;
+    EXPECT_EQ(finish(start(args, {}), 30, &out), 0) << out;
+    return out;
+  };
+  std::string unbound = run({"-n", "1", "--bind", "none"});
+  const std::string all = allowed(unbound, 0);
+  if (cpus >= 2) {
+    std::string out = run({"-n", "2"});
+    EXPECT_NE(allowed(out, 0), allowed(out, 1)) << out;
+    EXPECT_NE(allowed(out, 0), all) << out;
+  }
+  std::string none = run({"-n", "2", "--bind", "none"});
+  EXPECT_EQ(allowed(none, 0), all) << none;
+  EXPECT_EQ(allowed(none, 1), all) << none;
+  std::string crowded = run({"-n", std::to_string(cpus + 1)});
+  for (int r = 0; r <= cpus; ++r) EXPECT_EQ(allowed(crowded, r), all) << crowded;
+  std::string out;
+  EXPECT_EQ(finish(start({path("LOOMRUN"), "--bind", "socket", "true"}, {}), 30, &out), 2) << out;
+  EXPECT_NE(out.find("--bind wants auto, core or none"), std::string::npos) << out;
 }
 
 TEST(Loomrun, ManyRanksAndPrefixes) {

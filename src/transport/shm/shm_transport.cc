@@ -32,7 +32,6 @@ LOOM_PARAM_INT(cmaParam, "LOOM_SHM_CMA", 1,
 
 constexpr const char* kGaveUp = "error: ";
 
-
 }  // namespace
 
 ShmTransport::~ShmTransport() { stop(); }

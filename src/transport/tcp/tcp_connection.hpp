@@ -10,9 +10,16 @@
 // Threads: isend/irecv run on the caller's thread and may write to a socket directly (a send on
 // an idle socket then costs no thread hand-off). A thread waiting on one of this connection's
 // requests calls poll(), which reads and writes from that thread; otherwise the communicator's
-// receive engine thread reads and its send engine thread finishes writes. Engine registrations
-// are one-shot: an engine that finds a stream busy with a waiter leaves it disarmed, and the
-// waiter re-arms it when done, so no engine spins on a level-triggered event meanwhile. One mutex, mu_, guards
+// receive engine thread reads and its send engine thread finishes writes.
+//
+// The receive engine stays off a connection while nothing needs it ("quiet engine"): its
+// registration is one-shot and is re-armed only while a request posted outside an attended
+// operation is pending (a user's isend/irecv left to complete in the background), or while a
+// thread of this rank sleeps in a wait (TcpTransport::waiting). Requests posted inside an
+// attended operation (a collective, a blocking send or receive: detail::AttendScope) are driven
+// by the thread that will wait on them, which polls their connection, and its other connections in
+// turn, so that a back-to-back run of collectives costs no epoll_ctl and no engine wake-up per
+// message. A waiter that gives up spinning goes to sleep only after arming the engines. One mutex, mu_, guards
 // all state, but it is never held across a data syscall: a stream's reader (the receive thread)
 // and its one active writer (flag `writing`) copy bytes unlocked, so both directions and the
 // caller's reductions proceed in parallel. While a stream is being read or written unlocked, a
@@ -21,6 +28,8 @@
 // Requests are completed with mu_ held (Request never calls back into the connection).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -48,8 +57,11 @@ class TcpConnection : public Connection {
  public:
   /// Takes the connected, authenticated sockets (index = stream). The engines and `failure`
   /// outlive it: `recvEngine` reads, `sendEngine` finishes writes.
+  /// `sleepers` counts this rank's threads asleep in a wait (the transport's): while any is, the
+  /// receive engine reads every connection.
   TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine, ProgressEngine* sendEngine,
-                std::shared_ptr<FailureState> failure, TcpOptions options, std::string description);
+                std::shared_ptr<FailureState> failure, TcpOptions options, std::string description,
+                const std::atomic<int>* sleepers);
   ~TcpConnection() override;
 
   /// Registers the sockets with the engines.
@@ -63,6 +75,8 @@ class TcpConnection : public Connection {
   bool poll() noexcept override;
   void pollBegin() noexcept override;
   void pollEnd() noexcept override;
+  /// Arms the receive engine on every stream (a thread of this rank is going to sleep).
+  void wakeEngine() noexcept;
 
  private:
   struct SendOp {
@@ -113,7 +127,15 @@ class TcpConnection : public Connection {
   /// writing this stream (that writer picks the new frames up).
   Status flush(Stream& s, std::unique_lock<std::mutex>& lock, size_t budget);
   void armLocked(Stream& s, bool want);
-  void rearmReadLocked(Stream& s);
+  /// Arms the receive engine's one-shot read event on `s` unless it is armed already.
+  void armReadLocked(Stream& s);
+  /// Whether the receive engine must watch this connection: a thread sleeps in a wait, or a
+  /// request posted outside an attended operation is pending (drops finished ones).
+  bool engineNeededLocked();
+  /// Re-arms the streams' reads if the engine is needed (and nobody polls).
+  void rearmIfNeededLocked();
+  /// Remembers `req` when it is posted outside an attended operation (and arms the engine).
+  void noteUnattendedLocked(const RequestPtr& req);
   Status onHeaderLocked(Stream& s, const FrameHeader& h);
   Status finishPayloadLocked(Stream& s);
   void sendCtsLocked(uint64_t seq, bool accept);
@@ -122,6 +144,10 @@ class TcpConnection : public Connection {
   /// Whether a READY hint says the receive that will match this send (tag, bytes, the next
   /// sequence number) is posted; drops hints found stale on the way.
   bool takeReadyHintLocked(uint32_t tag, size_t bytes);
+  /// Streams an accepted message of `bytes` is striped over (a slice is at least stripeMinBytes).
+  size_t stripesFor(size_t bytes) const {
+    return std::min(streams_.size(), std::max<size_t>(1, bytes / options_.stripeMinBytes));
+  }
   /// How many of the recent sends on `tag` have sequence numbers >= from; SIZE_MAX when the
   /// record of recent sends does not reach back that far.
   size_t sendsOnTagSinceLocked(uint32_t tag, uint64_t from) const;
@@ -161,9 +187,11 @@ class TcpConnection : public Connection {
   uint64_t nextRecvSeq_ = 0;
   bool closed_ = false;
   Status closedStatus_;
-  std::optional<Status> peerClosed_;  // every stream saw EOF while a write was in flight
-  uint64_t moved_ = 0;                // bytes read and written, so that poll() can tell progress
-  int pollers_ = 0;                   // threads between pollBegin and pollEnd
+  std::optional<Status> peerClosed_;        // every stream saw EOF while a write was in flight
+  uint64_t moved_ = 0;                      // bytes read and written, so that poll() can tell progress
+  int pollers_ = 0;                         // threads between pollBegin and pollEnd
+  const std::atomic<int>* const sleepers_;  // the transport's: threads of this rank asleep in a wait
+  std::vector<RequestPtr> unattended_;      // pending requests posted outside an attended operation
 };
 
 }  // namespace tcp

@@ -381,14 +381,25 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
                                  S == 1 ? "" : "s", iface_.name.c_str(), self.host().c_str());
     if (auto it = remoteAddr.find(peer); it != remoteAddr.end()) desc += " -> " + it->second.toString();
     auto conn = std::make_unique<TcpConnection>(ctx.rank, peer, std::move(done[peer]), ctx.engine, ctx.sendEngine,
-                                                ctx.failure, options, desc);
+                                                ctx.failure, options, desc, &sleepers_);
     conn->start();
+    conns_.push_back(conn.get());
     out.push_back(std::move(conn));
   }
   rejector_ = std::make_unique<StrayRejector>(listener_.fd(), ctx.rank);
   ctx.engine->add(listener_.fd(), rejector_.get(), EPOLLIN);
   if (rejected > 0) LOOM_INFO("tcp: turned away %d stray connection(s) during setup", rejected);
   return out;
+}
+
+void TcpTransport::waiting(bool on) noexcept {
+  if (!on) {
+    // The engines disarm themselves at their next event once nothing needs them.
+    sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+    return;
+  }
+  sleepers_.fetch_add(1, std::memory_order_acq_rel);
+  for (TcpConnection* c : conns_) c->wakeEngine();
 }
 
 }  // namespace tcp

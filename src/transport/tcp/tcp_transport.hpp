@@ -11,7 +11,9 @@
 // logged while setup goes on. After setup the listener stays open and turns every newcomer away.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <vector>
 
 #include "transport/interfaces.hpp"
 #include "transport/socket.hpp"
@@ -19,6 +21,8 @@
 
 namespace loom {
 namespace tcp {
+
+class TcpConnection;
 
 class TcpTransport : public Transport {
  public:
@@ -28,6 +32,10 @@ class TcpTransport : public Transport {
   void publish(TransportContext& ctx) override;
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
 
+  /// A thread of this rank sleeps in a wait: the receive engine reads every connection meanwhile
+  /// (tcp_connection.hpp, "quiet engine").
+  void waiting(bool on) noexcept override;
+
   /// The address this rank listens on (after publish).
   SockAddr listenAddress() const;
 
@@ -36,7 +44,9 @@ class TcpTransport : public Transport {
   Interface iface_;
   Socket listener_;
   std::unique_ptr<StrayRejector> rejector_;
-  ProgressEngine* engine_ = nullptr;  // set in connect(); stopped by the communicator before we go
+  ProgressEngine* engine_ = nullptr;   // set in connect(); stopped by the communicator before we go
+  std::vector<TcpConnection*> conns_;  // made by connect(); the communicator stops calling us before it frees them
+  std::atomic<int> sleepers_{0};
 };
 
 }  // namespace tcp
