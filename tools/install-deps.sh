@@ -7,7 +7,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential meson ninja-build pkg-config libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libhwloc-dev libibverbs-dev openmpi-bin libopenmpi-dev libgloo-dev iproute2)
+      libhwloc-dev libibverbs-dev openmpi-bin libopenmpi-dev libgloo-dev iproute2 iperf3 python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

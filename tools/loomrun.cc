@@ -44,6 +44,8 @@ struct Options {
   bool prefix = true;
   int graceSeconds = 5;
   std::string bind = "auto";  // auto, core, none
+  int rankOffset = -1;        // first rank on this host (default nodeRank * nproc)
+  int worldSize = -1;         // default nproc * nnodes
   std::vector<std::string> command;
 };
 
@@ -78,7 +80,10 @@ void onSignal(int sig) {
                "  --no-prefix             do not prefix output lines with the rank\n"
                "  --grace SECONDS         time ranks get after SIGTERM before SIGKILL (default 5)\n"
                "  --bind auto|core|none   core: each rank on its own block of this host's CPUs; auto (default):\n"
-               "                          core when the ranks are no more than the CPUs, else none\n");
+               "                          core when the ranks are no more than the CPUs, else none\n"
+               "  --rank-offset B         first rank on this host, for hosts with different rank counts\n"
+               "                          (default: node rank x ranks per host)\n"
+               "  --world-size W          ranks in the whole job (default: hosts x ranks per host)\n");
   std::exit(code);
 }
 
@@ -122,6 +127,10 @@ Options parse(int argc, char** argv) {
       o.prefix = false;
     else if (a == "--grace")
       o.graceSeconds = parseInt("--grace", value("--grace"), 0, 3600);
+    else if (a == "--rank-offset")
+      o.rankOffset = parseInt("--rank-offset", value("--rank-offset"), 0, 1 << 24);
+    else if (a == "--world-size")
+      o.worldSize = parseInt("--world-size", value("--world-size"), 1, 1 << 24);
     else if (a == "--bind" || a == "--bind-to") {
       o.bind = value("--bind");
       if (o.bind != "auto" && o.bind != "core" && o.bind != "none") {
@@ -142,6 +151,13 @@ Options parse(int argc, char** argv) {
   if (o.command.empty()) usage(2);
   if (o.nodeRank >= o.nnodes) {
     std::fprintf(stderr, "loomrun: --node-rank %d must be below --nnodes %d\n", o.nodeRank, o.nnodes);
+    std::exit(2);
+  }
+  if (o.rankOffset < 0) o.rankOffset = o.nodeRank * o.nproc;
+  if (o.worldSize < 0) o.worldSize = o.nproc * o.nnodes;
+  if (o.rankOffset + o.nproc > o.worldSize) {
+    std::fprintf(stderr, "loomrun: ranks %d to %d of this host do not fit a world of %d ranks\n", o.rankOffset,
+                 o.rankOffset + o.nproc - 1, o.worldSize);
     std::exit(2);
   }
   return o;
@@ -227,7 +243,7 @@ int exitCodeOf(int status) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
-  const int world = o.nproc * o.nnodes;
+  const int world = o.worldSize;
   if (o.masterAddr.empty()) {
     if (o.nnodes > 1) {
       std::fprintf(stderr, "loomrun: --master-addr is needed with --nnodes > 1 (the host of node rank 0)\n");
@@ -261,7 +277,7 @@ int main(int argc, char** argv) {
   std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
   for (int l = 0; l < o.nproc; ++l) {
     Rank& r = ranks[static_cast<size_t>(l)];
-    r.rank = o.nodeRank * o.nproc + l;
+    r.rank = o.rankOffset + l;
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return 1;
     pid_t pid = fork();

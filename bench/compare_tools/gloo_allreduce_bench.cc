@@ -1,6 +1,7 @@
 // Gloo's all-reduce (float32 sum) over its TCP transport, for bench/compare. Ranks come from
 // RANK/WORLD_SIZE (start it with loomrun); rendezvous through Gloo's FileStore in
-// $GLOO_STORE_DIR. Prints one line per size: "gloo <algo> <ranks> <bytes> <time_us> <busbw>".
+// $GLOO_STORE_DIR; the device listens on $GLOO_IFACE (an interface name) when set, else on
+// 127.0.0.1. Prints one line per size: "gloo <algo> <ranks> <bytes> <time_us> <busbw>".
 //   gloo_allreduce_bench ring_chunked|halving_doubling BYTES ITERS [BYTES ITERS ...]
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
@@ -26,7 +27,11 @@ int main(int argc, char** argv) {
   const std::string algo = argv[1];
   const int rank = std::atoi(std::getenv("RANK")), size = std::atoi(std::getenv("WORLD_SIZE"));
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  if (const char* iface = std::getenv("GLOO_IFACE")) {
+    attr.iface = iface;
+  } else {
+    attr.hostname = "127.0.0.1";
+  }
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore files(std::getenv("GLOO_STORE_DIR"));
   gloo::rendezvous::PrefixStore store(algo, files);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <vector>
 
 #include "collectives/context.hpp"
@@ -13,8 +14,9 @@ namespace loom {
 namespace coll {
 namespace {
 
-LOOM_PARAM_INT(tuneParam, "LOOM_TUNE", 0,
-               "1: measure link latency and bandwidth at init for the cost model (else LOOM_TCP_LATENCY_US/MBPS)");
+LOOM_PARAM_INT(tuneParam, "LOOM_TUNE", -1,
+               "1: measure link latency and bandwidth at init for the cost model (else LOOM_TCP_LATENCY_US/MBPS); "
+               "0: never; -1 (default): when the communicator spans several nodes");
 
 constexpr int kRoundTrips = 21;
 constexpr int kTransfers = 3;
@@ -24,11 +26,23 @@ constexpr int kChannel = 1;  // the measurement's own tag space; the agreement r
 using Clock = std::chrono::steady_clock;
 double usSince(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
 
+// The rank this one measures its link with, or -1: across nodes when there are several (node 2k
+// with node 2k+1, ranks of the same local index), else ranks 2k and 2k+1.
+int tunePartner(const detail::CommImpl& comm) {
+  const int r = comm.rank();
+  if (comm.nodeCount() == 1) return (r ^ 1) < comm.size() ? r ^ 1 : -1;
+  const int otherNode = comm.nodeOf(r) ^ 1;
+  if (otherNode >= comm.nodeCount()) return -1;
+  const auto& there = comm.ranksOnNode(otherNode);
+  const int local = comm.localRank();
+  return local < static_cast<int>(there.size()) ? there[static_cast<size_t>(local)] : -1;
+}
+
 // Returns {one-way latency in us, us per byte} for this rank's pair, or zeros when it sits out.
-void measurePair(Context& c, double* latencyUs, double* usPerByte) {
-  const int r = c.rank(), partner = r ^ 1;
+void measurePair(Context& c, int partner, double* latencyUs, double* usPerByte) {
+  const int r = c.rank();
   *latencyUs = *usPerByte = 0;
-  if (partner >= c.size()) return;
+  if (partner < 0) return;
   const bool leader = r < partner;
   uint8_t token[8] = {};
   std::vector<double> rtts;
@@ -74,6 +88,10 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
     if (comm.transportOf(p) == "tcp" && comm.nodeOf(p) == comm.nodeOf(comm.rank())) within = "tcp";
   }
   CostModel model = costModelFromEnv(slowest);
+  // Between hosts, one ring: a second one runs the other way, so each host's link carries two
+  // TCP flows that share it unevenly, and the slower sets the pace (4 nodes on 1 Gbit/s links,
+  // 16-64 MiB: one ring 97-98% of the link, two 89-91%). Within a host they help over loopback.
+  if (comm.nodeCount() > 1 && std::getenv("LOOM_RING_CHANNELS") == nullptr) model.ringChannels = 1;
   if (const auto& link = comm.link()) {
     model.latencyUs = link->latencyUs;
     model.gbps = link->gbps;
@@ -92,12 +110,17 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
 }
 
 void measureLinksIfAsked(detail::CommImpl& comm) {
-  if (tuneParam() == 0 || comm.size() == 1) return;
+  // By default only a communicator across nodes measures: its network is what the defaults
+  // cannot know (a 1 Gbit/s link makes recursive doubling lose to the ring from 64 KiB on 4
+  // ranks, where loopback keeps it ahead up to 1 MiB).
+  const int64_t tune = tuneParam();
+  if (tune == 0 || comm.size() == 1 || (tune < 0 && comm.nodeCount() == 1)) return;
+  const int partner = tunePartner(comm);
   double agreed[2] = {0, 0};
   comm.run("tune", [&](int64_t seq) {
     Context c(comm, seq, "tune", "pairs");
     double mine[2];
-    measurePair(c, &mine[0], &mine[1]);
+    measurePair(c, partner, &mine[0], &mine[1]);
     Args a;
     a.send = mine;
     a.recv = agreed;

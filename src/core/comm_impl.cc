@@ -65,6 +65,8 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
   HostIdentity host = localHostIdentity();
   if (!options.hostId.empty()) host.override_ = options.hostId;
   store.setString("host/" + std::to_string(rank), host.key());
+  // The machine (its CPUs), which network namespaces or containers may split into several nodes.
+  store.setString("machine/" + std::to_string(rank), host.bootId);
   const std::string me = strFormat("%s pid %d", hostName().c_str(), static_cast<int>(getpid()));
   store.setString("join/" + std::to_string(rank), me);
 
@@ -126,7 +128,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   // 2'. Which ranks share a node: equal host identities, numbered in order of their lowest rank.
   mapNodes(store, deadline);
 
-  noteRanksOnThisNode(localSize());
+  noteRanksOnThisMachine(ranksOnThisMachine_);
 
   // 3. Connect to every peer with the first transport that reaches it (shared memory within a
   // node, then the network). Every rank runs the transports in the same order, and each one's
@@ -200,6 +202,14 @@ void CommImpl::mapNodes(Store& store, const Deadline& deadline) {
     auto v = store.get("host/" + std::to_string(r), deadline);
     if (!v) LOOM_THROW(ErrorCode::Timeout, rank_, strFormat("rank %d's host identity did not arrive in time", r));
     keys[static_cast<size_t>(r)].assign(v->begin(), v->end());
+  }
+  // Ranks that share this machine's CPUs (same boot id), whatever node they count as: they decide
+  // whether waiters may spin or must yield their core (request.hpp).
+  const std::string myMachine = localHostIdentity().bootId;
+  ranksOnThisMachine_ = 0;
+  for (int r = 0; r < size_; ++r) {
+    auto v = store.get("machine/" + std::to_string(r), deadline);
+    if (v && std::string(v->begin(), v->end()) == myMachine) ++ranksOnThisMachine_;
   }
   nodeOf_.assign(static_cast<size_t>(size_), -1);
   nodeRanks_.clear();

@@ -29,11 +29,11 @@ class Selector;
 }
 namespace detail {
 
-/// Tags at or above this value belong to collectives; user tags stay below. A collective's tag
-/// also carries its channel (bits 28-30), so that the channels of one collective never match each
-/// other's messages, and the low 28 bits of its sequence number (collectives in flight at once are
-/// far fewer than 2^28 apart).
-constexpr uint32_t kCollectiveTagBit = 0x80000000u;
+/// Tags at or above kCollectiveTagBit (transport.hpp) belong to collectives; user tags stay below.
+/// A collective's tag also carries its channel (bits 28-30), so that the channels of one collective
+/// never match each other's messages, and the low 28 bits of its sequence number (collectives in
+/// flight at once are far fewer than 2^28 apart).
+using loom::kCollectiveTagBit;
 constexpr int kMaxChannels = 8;
 inline uint32_t collectiveTag(int64_t seq, int channel = 0) {
   return kCollectiveTagBit | (static_cast<uint32_t>(channel) & 7u) << 28 | static_cast<uint32_t>(seq & 0x0fffffff);
@@ -149,7 +149,8 @@ class CommImpl : public Progressable {
   std::vector<uint8_t> scratch_[kScratchSlots];
   std::optional<LinkModel> link_;
   std::shared_ptr<const coll::Selector> selector_;
-  std::vector<int> nodeOf_;  // by rank: index of its node, numbered by lowest rank
+  int ranksOnThisMachine_ = 1;  // ranks whose boot id is this rank's (network namespaces split nodes)
+  std::vector<int> nodeOf_;     // by rank: index of its node, numbered by lowest rank
   std::vector<std::vector<int>>
       nodeRanks_;  // by node: its ranks  // set once, right after joining, before any user call
 };

@@ -1,5 +1,6 @@
 #include "core/request.hpp"
 
+#include <algorithm>
 #include <thread>
 
 #include "core/format.hpp"
@@ -19,9 +20,18 @@ inline void cpuRelax() {
 #endif
 }
 
+LOOM_PARAM_INT(crowdedSleepParam, "LOOM_CROWDED_SLEEP_BYTES", 256 * 1024,
+               "with more ranks than cores, waits for collective messages this large sleep at once instead of "
+               "polling (0: always poll first)");
+
 int64_t spinBudgetUs() {
   static const int64_t v = spinWaitUs();
   return v;
+}
+
+size_t crowdedSleepBytes() {
+  static const size_t v = static_cast<size_t>(std::max<int64_t>(0, crowdedSleepParam()));
+  return v == 0 ? SIZE_MAX : v;
 }
 
 }  // namespace
@@ -59,9 +69,9 @@ std::atomic<int>& pauseSpinsBeforeYield() {
   return spins;
 }
 
-void noteRanksOnThisNode(int localRanks) {
+void noteRanksOnThisMachine(int ranks) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (localRanks > cores) pauseSpinsBeforeYield().store(kPauseSpinsCrowded);
+  if (ranks > cores) pauseSpinsBeforeYield().store(kPauseSpinsCrowded);
 }
 
 AttendScope::AttendScope(const std::shared_ptr<ProgressHook>& hook) : hook_(hook.get()), previous_(tlAttended) {
@@ -129,7 +139,11 @@ bool Request::waitUntil(Clock::time_point deadline) {
   // path), for as long as bytes keep moving; after LOOM_SPIN_WAIT_US without progress, sleep and
   // leave the rest to the progress threads.
   const auto budget = std::chrono::microseconds(spinBudgetUs());
-  if (budget.count() > 0) {
+  // With more ranks than cores, a large transfer is not worth a core: spinning on it takes the CPU
+  // the network stack and the peers need, so the waiter sleeps and the progress threads move it.
+  const bool crowded = pauseSpinsBeforeYield().load(std::memory_order_relaxed) <= kPauseSpinsCrowded;
+  const bool large = label_.has_value() && label_->bytes >= crowdedSleepBytes();
+  if (budget.count() > 0 && !(crowded && large)) {
     if (progress_) progress_->begin(peer_);
     auto lastProgress = Clock::now();
     bool finished = false;

@@ -107,9 +107,10 @@ namespace detail {
 constexpr int kPauseSpinsAlone = 4096;
 constexpr int kPauseSpinsCrowded = 1;
 std::atomic<int>& pauseSpinsBeforeYield();
-/// Called by each communicator at join with its ranks on this node: more than the cores here
+/// Called by each communicator at join with its ranks on this machine (same boot id, even across
+/// network namespaces or containers): more than the cores here
 /// switches this process's waiters to yielding early.
-void noteRanksOnThisNode(int localRanks);
+void noteRanksOnThisMachine(int ranks);
 
 /// Marks the calling thread as attending `hook`'s communicator for its lifetime (a collective
 /// running on it: it polls the connections itself, so transports need not wake their progress

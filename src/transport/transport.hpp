@@ -30,6 +30,10 @@ namespace loom {
 
 class ProgressEngine;
 
+/// Tags with this bit belong to collectives (user tags stay below it). Transports may treat their
+/// messages differently: a collective's receiver posts its receives within a pipeline step.
+constexpr uint32_t kCollectiveTagBit = 0x80000000u;
+
 class Connection {
  public:
   virtual ~Connection() = default;

@@ -7,6 +7,12 @@
 //                                        posted (or rejects it: too large for the receive) ...
 //   DATA  (seq, offset, len) + payload   ... and the sender stripes the payload over all sockets,
 //                                        straight into the receiver's buffer.
+//   PUSH  (tag, seq, nbytes)             a message up to kMaxEagerBytes sent at once but striped:
+//                                        DATA frames follow on every stream (stream 0 included)
+//                                        without waiting for a CTS; the receiver takes them into
+//                                        the matching receive, or buffers them as an unexpected
+//                                        message. A DATA frame that overtakes its PUSH (another
+//                                        stream) waits, unparsed, until the PUSH has been read.
 //   READY (tag, seq, capacity, ahead)    a hint from the receiver: a receive of `capacity` bytes
 //                                        is posted for tag; it will match the (ahead+1)-th message
 //                                        on that tag from sequence number `seq` on. A sender whose
@@ -31,7 +37,7 @@ constexpr size_t kHeaderBytes = 32;
 /// The largest EAGER payload a receiver accepts, whatever the sender's configuration.
 constexpr uint64_t kMaxEagerBytes = 1u << 20;
 
-enum class FrameType : uint8_t { Eager = 1, Rts = 2, Cts = 3, Data = 4, Ready = 5 };
+enum class FrameType : uint8_t { Eager = 1, Rts = 2, Cts = 3, Data = 4, Ready = 5, Push = 6 };
 
 struct FrameHeader {
   uint16_t magic = kFrameMagic;
@@ -39,7 +45,7 @@ struct FrameHeader {
   uint8_t flags = 0;  // CTS: 1 = accepted
   uint32_t tag = 0;
   uint64_t seq = 0;
-  uint64_t a = 0;  // EAGER/RTS: message bytes; DATA: offset; READY: capacity
+  uint64_t a = 0;  // EAGER/RTS/PUSH: message bytes; DATA: offset; READY: capacity
   uint64_t b = 0;  // DATA: payload length; READY: receives posted ahead of this one
 };
 static_assert(sizeof(FrameHeader) == kHeaderBytes, "frame header layout");

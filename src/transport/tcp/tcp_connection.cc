@@ -60,6 +60,7 @@ struct TcpConnection::Stream {
   bool registered = false;
   bool eof = false;        // the peer closed its side of this socket
   bool readArmed = false;  // the receive engine's one-shot read event is armed
+  bool blocked = false;    // holds a DATA header that overtook its PUSH (stream 0 is behind)
   // Sending. Frames are only appended by others; the active writer alone pops them, so pointers
   // into queued frames stay valid while it writes unlocked.
   std::deque<OutFrame> out;
@@ -149,13 +150,27 @@ void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, 
   Stream& s0 = *streams_[0];
   // Every send consumes the hint meant for it, so that hints for small messages do not pile up.
   const bool hinted = !readyHints_.empty() && takeReadyHintLocked(tag, bytes);
-  const bool eager = bytes <= options_.eagerBytes || hinted;
+  const bool push = bytes > options_.eagerBytes && bytes <= kMaxEagerBytes &&
+                    (hinted || ((tag & options_.pushTagBit) != 0 && bytes <= options_.pushBytes));
   recentSends_.emplace_back(op->seq, tag);
   if (recentSends_.size() > kRecentSends) recentSends_.pop_front();
-  if (eager) {
+  if (bytes <= options_.eagerBytes || (push && stripesFor(bytes) == 1)) {
     h.type = static_cast<uint8_t>(FrameType::Eager);
     op->framesLeft = 1;
     enqueueLocked(s0, h, op->buf, bytes, op);
+  } else if (push) {
+    // At once, striped: the announcement, then the slices right behind it on every stream.
+    h.type = static_cast<uint8_t>(FrameType::Push);
+    enqueueLocked(s0, h, nullptr, 0, nullptr);
+    enqueueDataLocked(op);
+    for (auto& x : streams_) {
+      Status st = flush(*x, lock, kUnlimited);
+      if (!st.ok) {
+        failFrom(st, lock);
+        return;
+      }
+    }
+    return;
   } else {
     h.type = static_cast<uint8_t>(FrameType::Rts);
     awaitingCts_[op->seq] = op;
@@ -186,9 +201,7 @@ bool TcpConnection::takeReadyHintLocked(uint32_t tag, size_t bytes) {
     const ReadyHint& h = q.front();
     size_t n = sendsOnTagSinceLocked(tag, h.fromSeq);
     if (n != SIZE_MAX && n < h.ahead) break;
-    // A message the RTS/CTS path would stripe over several sockets goes that way: one stream
-    // carries it more slowly than the round trip costs (1 MiB all-reduce, 2 ranks: 417 -> 338 us).
-    if (n == h.ahead) ready = bytes <= h.capacity && bytes <= options_.readyBytes && stripesFor(bytes) == 1;
+    if (n == h.ahead) ready = bytes <= h.capacity && bytes <= options_.readyBytes;
     q.pop_front();
     if (n == h.ahead) break;
   }
@@ -209,7 +222,7 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
     std::shared_ptr<Unexpected> u = uit->second.front();
     uit->second.pop_front();
     if (uit->second.empty()) unexpected_.erase(uit);
-    if (u->hdr.type == static_cast<uint8_t>(FrameType::Eager)) {
+    if (u->hdr.type == static_cast<uint8_t>(FrameType::Eager) || u->hdr.type == static_cast<uint8_t>(FrameType::Push)) {
       op->bytes = u->hdr.a;
       if (u->complete) {
         deliverUnexpectedLocked(*u, *op);
@@ -226,7 +239,9 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   } else {
     auto& q = posted_[tag];
     q.push_back(op);
-    if (bytes > options_.eagerBytes && options_.readyBytes > 0) {
+    // (Collectives' messages up to pushBytes come at once anyway: no hint needed.)
+    const bool pushed = (tag & options_.pushTagBit) != 0 && bytes <= options_.pushBytes;
+    if (bytes > options_.eagerBytes && options_.readyBytes > 0 && !pushed) {
       // Tell the sender this receive is waiting, so that it can skip the RTS/CTS round trip.
       FrameHeader h;
       h.type = static_cast<uint8_t>(FrameType::Ready);
@@ -248,6 +263,58 @@ void TcpConnection::deliverUnexpectedLocked(Unexpected& u, RecvOp& op) {
   }
   if (!u.data.empty()) std::memcpy(op.buf, u.data.data(), u.data.size());
   op.req->complete(u.data.size());
+}
+
+void TcpConnection::enqueueDataLocked(const std::shared_ptr<SendOp>& op) {
+  const size_t nstreams = stripesFor(op->bytes);
+  const size_t slice = (op->bytes + nstreams - 1) / nstreams;
+  op->framesLeft = static_cast<int>((op->bytes + slice - 1) / slice);
+  for (size_t i = 0, off = 0; off < op->bytes; ++i, off += slice) {
+    FrameHeader d;
+    d.type = static_cast<uint8_t>(FrameType::Data);
+    d.seq = op->seq;
+    d.a = off;
+    d.b = std::min(slice, op->bytes - off);
+    enqueueLocked(*streams_[i], d, op->buf + off, d.b, op);
+  }
+}
+
+void TcpConnection::acceptPushLocked(const FrameHeader& h) {
+  std::shared_ptr<RecvOp> op;
+  auto pit = posted_.find(h.tag);
+  if (pit != posted_.end()) {
+    op = pit->second.front();
+    pit->second.pop_front();
+    if (pit->second.empty()) posted_.erase(pit);
+  }
+  if (op && h.a > op->capacity) {
+    // Too large for the receive that matches it: that receive fails, the bytes are dropped.
+    op->req->fail(truncation(h.a, *op));
+    op = std::make_shared<RecvOp>();
+  } else if (!op) {
+    // Nobody has posted for it yet: it lands in a buffer of its own, claimed by a later receive.
+    auto u = std::make_shared<Unexpected>();
+    u->hdr = h;
+    u->data.resize(h.a);
+    unexpected_[h.tag].push_back(u);
+    op = std::make_shared<RecvOp>();
+    op->buf = u->data.data();
+    op->capacity = h.a;
+    op->ux = u;
+  }
+  op->bytes = h.a;
+  op->seq = h.seq;
+  incoming_[h.seq] = op;
+}
+
+Status TcpConnection::drainBlockedLocked(std::unique_lock<std::mutex>& lock) {
+  Status st;
+  for (auto& x : streams_) {
+    if (!st.ok || !x->blocked || x->reading || closed_) continue;
+    st = read(*x, lock);
+    if (st.ok && !x->blocked && pollers_ == 0 && engineNeededLocked()) armReadLocked(*x);
+  }
+  return st;
 }
 
 void TcpConnection::acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<RecvOp>& op) {
@@ -298,7 +365,8 @@ void TcpConnection::armLocked(Stream& s, bool want) {
 }
 
 void TcpConnection::armReadLocked(Stream& s) {
-  if (s.readArmed || !s.registered || s.eof || closed_) return;
+  // A stream holding back data waits for stream 0, not for its socket (which stays readable).
+  if (s.readArmed || s.blocked || !s.registered || s.eof || closed_) return;
   s.readArmed = true;
   recvEngine_->modify(s.sock.fd(), s.reader.get(), EPOLLIN | EPOLLONESHOT);
 }
@@ -395,6 +463,16 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
   const bool control = &s == streams_[0].get();
   if (h.magic != kFrameMagic) return malformed("bad frame magic");
   switch (static_cast<FrameType>(h.type)) {
+    case FrameType::Push: {
+      if (!control) return malformed("message header on a data stream");
+      if (h.seq != nextRecvSeq_)
+        return malformed(strFormat("message sequence %llu, expected %llu", static_cast<unsigned long long>(h.seq),
+                                   static_cast<unsigned long long>(nextRecvSeq_)));
+      if (h.a == 0 || h.a > kMaxEagerBytes) return malformed("pushed message of a size the protocol does not allow");
+      ++nextRecvSeq_;
+      acceptPushLocked(h);
+      return Status::success();
+    }
     case FrameType::Eager:
     case FrameType::Rts: {
       if (!control) return malformed("message header on a data stream");
@@ -461,22 +539,7 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
         op->req->complete(0);
         return Status::success();
       }
-      const size_t nstreams = stripesFor(op->bytes);
-      size_t slice = (op->bytes + nstreams - 1) / nstreams;
-      op->framesLeft = 0;
-      for (size_t i = 0; i < nstreams; ++i) {
-        size_t off = i * slice;
-        if (off >= op->bytes) break;
-        ++op->framesLeft;
-      }
-      for (size_t i = 0, off = 0; off < op->bytes; ++i, off += slice) {
-        FrameHeader d;
-        d.type = static_cast<uint8_t>(FrameType::Data);
-        d.seq = op->seq;
-        d.a = off;
-        d.b = std::min(slice, op->bytes - off);
-        enqueueLocked(*streams_[i], d, op->buf + off, d.b, op);
-      }
+      enqueueDataLocked(op);
       // Whoever reads this writes what the sockets take at once (flushAllLocked); the send engine
       // is armed for the rest.
       return Status::success();
@@ -499,6 +562,11 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
     }
     case FrameType::Data: {
       auto it = incoming_.find(h.seq);
+      if (it == incoming_.end() && !control && h.seq >= nextRecvSeq_) {
+        // Overtook its PUSH, which stream 0 has not reached yet: parse it again once it has.
+        s.blocked = true;
+        return Status::success();
+      }
       if (it == incoming_.end()) return malformed("data for a message that was not accepted");
       RecvOp& op = *it->second;
       if (h.b == 0 || h.a > op.bytes || h.b > op.bytes - h.a) return malformed("data outside the message");
@@ -526,7 +594,11 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
     case Sink::Data:
       s.op->received += s.payloadLen;
       if (s.op->received == s.op->bytes) {
-        s.op->req->complete(s.op->bytes);
+        if (s.op->req) s.op->req->complete(s.op->bytes);
+        if (s.op->ux) {
+          s.op->ux->complete = true;
+          if (s.op->ux->claimedBy) deliverUnexpectedLocked(*s.op->ux, *s.op->ux->claimedBy);
+        }
         incoming_.erase(s.op->seq);
       }
       break;
@@ -546,6 +618,7 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
   // short found the socket empty: the next one would only say EAGAIN, so it is skipped (a later
   // poll, or the re-armed level-triggered event, sees what arrives after).
   bool drained = false;
+  s.blocked = false;  // a held-back header is parsed again below
   for (int reads = 0;;) {
     if (!s.inPayload) {
       if (s.wpos - s.rpos >= kHeaderBytes) {
@@ -553,6 +626,10 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
         s.rpos += kHeaderBytes;
         Status st = onHeaderLocked(s, h);
         if (!st.ok) return st;
+        if (s.blocked) {
+          s.rpos -= kHeaderBytes;  // kept for when stream 0 has read the PUSH it belongs to
+          return Status::success();
+        }
         continue;
       }
     } else if (s.wpos > s.rpos) {
@@ -636,7 +713,12 @@ void TcpConnection::onReadable(int index) noexcept {
   // A waiter drives this connection: it re-arms the event when done, if still needed.
   if (s.reading || pollers_ > 0) return;
   Status st = read(s, lock);
-  if (st.ok && !closed_ && !s.eof && engineNeededLocked()) armReadLocked(s);
+  // Stream 0 may have brought the PUSH that other streams' data waits for.
+  if (st.ok && !closed_ && &s == streams_[0].get()) st = drainBlockedLocked(lock);
+  // A stream holding back data is re-read when stream 0 catches up, not on its (still ready) socket.
+  if (st.ok && !closed_ && engineNeededLocked())
+    for (auto& x : streams_)
+      if (!x->blocked && !x->eof && !x->reading) armReadLocked(*x);
   // Reading may have queued frames (a CTS, the slices of a message the peer accepted): send
   // what the sockets take now, not at the next writable event; the send engine does the rest.
   for (auto& x : streams_)
@@ -665,13 +747,14 @@ bool TcpConnection::poll() noexcept {
   Status st;
   for (size_t i = 0; i < streams_.size(); ++i) {
     Stream& s = *streams_[i];
-    const bool readable = i >= ns || (ready[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+    const bool readable = i >= ns || s.blocked || (ready[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
     if (st.ok && readable && !closed_ && !s.reading && !s.eof) {
       st = read(s, lock);
     }
     const bool tryWrite = i >= ns || !waitingForRoom[i] || (ready[i].revents & (POLLOUT | POLLERR | POLLHUP)) != 0;
     if (st.ok && !closed_ && !s.writing && !s.out.empty() && tryWrite) st = flush(s, lock, kUnlimited);
   }
+  if (st.ok && !closed_) st = drainBlockedLocked(lock);
   if (st.ok && !closed_) st = closedByPeerLocked();
   if (!st.ok) {
     failFrom(st, lock);
@@ -754,7 +837,8 @@ bool TcpConnection::hasPendingLocked() const {
 }
 
 void TcpConnection::abandonReadLocked(Stream& s) {
-  if (s.inPayload && s.op) s.op->req->fail(closedStatus_);
+  if (s.inPayload && s.op && s.op->req) s.op->req->fail(closedStatus_);
+  if (s.inPayload && s.op && s.op->ux && s.op->ux->claimedBy) s.op->ux->claimedBy->req->fail(closedStatus_);
   if (s.inPayload && s.ux && s.ux->claimedBy) s.ux->claimedBy->req->fail(closedStatus_);
   s.op.reset();
   s.ux.reset();
@@ -783,7 +867,8 @@ bool TcpConnection::failLocked(const Status& status) {
     // A receive the reader is filling right now is failed by the reader when it relocks.
     bool inFlight = false;
     for (auto& s : streams_) inFlight = inFlight || (s->reading && s->op == op);
-    if (!inFlight) op->req->fail(status);
+    if (!inFlight && op->req) op->req->fail(status);
+    if (op->ux && op->ux->claimedBy) op->ux->claimedBy->req->fail(status);
   }
   incoming_.clear();
   // Eager payloads fully received stay: a later receive can still take them.

@@ -1,9 +1,14 @@
 // TcpConnection: the link to one peer over one or more TCP sockets ("streams").
 //
-// Protocol (frame.hpp): messages up to the eager limit (or up to LOOM_READY_BYTES when the
-// receiver has said with a READY hint that the matching receive is posted) go whole on stream 0; larger ones are
-// announced (RTS), accepted by the receiver once a matching receive is posted (CTS), then striped
-// as DATA frames over all streams and received straight into the receive buffer. Matching is per
+// Protocol (frame.hpp): messages up to the eager limit go whole on stream 0 (EAGER). Larger ones
+// are announced (RTS), accepted by the receiver once a matching receive is posted (CTS), then
+// striped as DATA frames over all streams and received straight into the receive buffer. Two
+// kinds of larger messages skip that round trip, which on a loaded network costs a queueing
+// delay per message: those the receiver said with a READY hint it has a receive posted for (up
+// to LOOM_READY_BYTES), and those of collectives (tags with pushTagBit, up to LOOM_PUSH_BYTES),
+// whose receivers post their receives within a pipeline step. They go at once, whole on stream 0
+// when one socket would carry them anyway, else striped (PUSH then DATA on every stream); a
+// receive not posted yet costs a copy through the unexpected queue, never correctness. Matching is per
 // tag in arrival order on stream 0, which is send order. Receives that arrive before they are
 // posted are kept ("unexpected": an eager payload is buffered, an RTS only remembered).
 //
@@ -47,10 +52,12 @@ namespace loom {
 namespace tcp {
 
 struct TcpOptions {
-  size_t eagerBytes = 64 * 1024;       ///< largest message sent without RTS/CTS
-  size_t readyBytes = 1024 * 1024;     ///< largest message sent EAGER on a receiver's READY hint (0: no hints)
-  size_t stripeMinBytes = 256 * 1024;  ///< a slice per stream is at least this big
-  int readsPerEvent = 64;              ///< recv calls per readable event before yielding to other sockets
+  size_t eagerBytes = 64 * 1024;            ///< largest message sent without RTS/CTS
+  size_t readyBytes = 1024 * 1024;          ///< largest message sent EAGER on a receiver's READY hint (0: no hints)
+  size_t stripeMinBytes = 256 * 1024;       ///< a slice per stream is at least this big
+  int readsPerEvent = 64;                   ///< recv calls per readable event before yielding to other sockets
+  uint32_t pushTagBit = kCollectiveTagBit;  ///< tags with this bit (collectives') may be sent at once ...
+  size_t pushBytes = 1024 * 1024;           ///< ... up to this size (0: never)
 };
 
 class TcpConnection : public Connection {
@@ -87,6 +94,7 @@ class TcpConnection : public Connection {
     uint64_t seq = 0;
     int framesLeft = 0;
   };
+  struct Unexpected;
   struct RecvOp {
     RequestPtr req;
     uint8_t* buf = nullptr;
@@ -94,7 +102,8 @@ class TcpConnection : public Connection {
     size_t bytes = 0;  // size of the matched message
     size_t received = 0;
     uint32_t tag = 0;
-    uint64_t seq = 0;  // the sender's sequence number, once an RTS matched
+    uint64_t seq = 0;                // the sender's sequence number, once an RTS or PUSH matched
+    std::shared_ptr<Unexpected> ux;  // a PUSH nobody had posted for: fills ux->data
   };
   struct Unexpected {
     FrameHeader hdr;
@@ -152,6 +161,12 @@ class TcpConnection : public Connection {
   /// record of recent sends does not reach back that far.
   size_t sendsOnTagSinceLocked(uint32_t tag, uint64_t from) const;
   void deliverUnexpectedLocked(Unexpected& u, RecvOp& op);
+  /// Queues the DATA frames of `op` over its stripes (after a CTS, or right behind a PUSH).
+  void enqueueDataLocked(const std::shared_ptr<SendOp>& op);
+  /// Takes a PUSH header: its DATA goes to the matching receive, or to an unexpected buffer.
+  void acceptPushLocked(const FrameHeader& h);
+  /// Parses what streams held back (DATA that overtook its PUSH) now that stream 0 moved on.
+  Status drainBlockedLocked(std::unique_lock<std::mutex>& lock);
   void acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<RecvOp>& op);
   bool hasPendingLocked() const;
   bool anyWritingLocked() const;

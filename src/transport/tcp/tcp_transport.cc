@@ -28,6 +28,9 @@ LOOM_PARAM_INT(readsPerEventParam, "LOOM_TCP_READS_PER_EVENT", 64,
 LOOM_PARAM_INT(readyBytesParam, "LOOM_READY_BYTES", 1024 * 1024,
                "largest message sent at once (no RTS/CTS round trip) when the receiver said its receive is posted; "
                "0: never");
+LOOM_PARAM_INT(pushBytesParam, "LOOM_PUSH_BYTES", 1024 * 1024,
+               "largest message of a collective sent over TCP at once, without waiting for the receiver to ask for it "
+               "(max 1 MiB; 0: never)");
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_EAGER_BYTES", 64 * 1024,
                "largest TCP message sent at once; larger ones wait for the receiver (max 1 MiB)");
 
@@ -373,6 +376,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   TcpOptions options;
   options.eagerBytes = static_cast<size_t>(std::clamp<int64_t>(eagerBytesParam(), 0, kMaxEagerBytes));
   options.readyBytes = static_cast<size_t>(std::clamp<int64_t>(readyBytesParam(), 0, kMaxEagerBytes));
+  options.pushBytes = static_cast<size_t>(std::clamp<int64_t>(pushBytesParam(), 0, kMaxEagerBytes));
   options.readsPerEvent = static_cast<int>(std::clamp<int64_t>(readsPerEventParam(), 1, 1 << 20));
   std::vector<std::unique_ptr<Connection>> out;
   const SockAddr self = localAddress(listener_.fd());
