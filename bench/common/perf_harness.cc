@@ -15,6 +15,7 @@
 #include "anchors.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/loom.hpp"
+#include "results.hpp"
 
 namespace loom {
 namespace bench {
@@ -29,7 +30,7 @@ struct Options {
   int iters = 20, warmup = 5, check = 1, root = 0;
   std::vector<DataType> types{DataType::Float32};
   std::vector<ReduceOp> ops{ReduceOp::Sum};
-  std::string csv;
+  std::string csv, json, linkRate;
 };
 
 const char* kTypeNames[] = {"int8",   "uint8", "int32", "uint32", "int64",
@@ -60,7 +61,10 @@ size_t parseSize(const char* s) {
 [[noreturn]] void usage(int code) {
   std::printf(
       "usage: *_perf [-b minbytes] [-e maxbytes] [-f stepfactor | -i stepbytes] [-n iters] [-w warmup]\n"
-      "              [-c 0|1] [-o sum|prod|max|min|avg|all] [-d type|all] [-r root] [--csv FILE]\n"
+      "              [-c 0|1] [-o sum|prod|max|min|avg|all] [-d type|all] [-r root]\n"
+      "              [--csv FILE] [--json FILE] [--link-rate RATE]\n"
+      "  --link-rate: the network's rate (10gbit, 400mbit) for the summary line; else LOOM_LINK_RATE, else the\n"
+      "  speed of the interface Loom uses, when the kernel knows it\n"
       "  sizes take K, M, G suffixes; types: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
       "  launch with loomrun -n N, srun, mpirun or torchrun\n");
   std::exit(code);
@@ -68,8 +72,11 @@ size_t parseSize(const char* s) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  static option longOpts[] = {
-      {"csv", required_argument, nullptr, 'C'}, {"help", no_argument, nullptr, 'h'}, {nullptr, 0, nullptr, 0}};
+  static option longOpts[] = {{"csv", required_argument, nullptr, 'C'},
+                              {"json", required_argument, nullptr, 'J'},
+                              {"link-rate", required_argument, nullptr, 'L'},
+                              {"help", no_argument, nullptr, 'h'},
+                              {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:o:d:r:h", longOpts, nullptr)) != -1) {
     switch (c) {
@@ -99,6 +106,13 @@ Options parse(int argc, char** argv) {
         break;
       case 'C':
         o.csv = optarg;
+        break;
+      case 'J':
+        o.json = optarg;
+        break;
+      case 'L':
+        o.linkRate = optarg;
+        if (parseRateGbit(o.linkRate) <= 0) usage(2);
         break;
       case 'o': {
         std::string s = optarg;
@@ -426,7 +440,7 @@ int perfMain(int argc, char** argv, Kind kind) {
     Bench b{comm, kind, n, rank, {}, {}};
     b.send.assign(o.maxBytes + 64, 0);
     b.recv.assign(o.maxBytes + 64, 0);
-    FILE* csv = nullptr;
+    Results results(title(kind), n, comm.nodeCount(), findLinkRate(o.linkRate));
     if (rank == 0) {
       char host[256] = {0};
       gethostname(host, sizeof(host) - 1);
@@ -440,11 +454,6 @@ int perfMain(int argc, char** argv, Kind kind) {
                   "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
       std::printf("# %12s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
                   "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-      if (!o.csv.empty()) {
-        csv = std::fopen(o.csv.c_str(), "w");
-        if (csv != nullptr)
-          std::fprintf(csv, "collective,ranks,bytes,count,type,op,root,inplace,time_us,algbw_gbs,busbw_gbs,wrong\n");
-      }
     }
     double busSum = 0, wrongTotal = 0, peakBus = 0;
     size_t peakBytes = 0;
@@ -490,11 +499,18 @@ int perfMain(int argc, char** argv, Kind kind) {
                 peakBus = bus[ip];
                 peakBytes = shown;
               }
-              if (csv != nullptr) {
-                std::fprintf(csv, "%s,%d,%zu,%zu,%s,%s,%d,%d,%.3f,%.4f,%.4f,%.0f\n", title(kind), n, shown, count,
-                             kTypeNames[static_cast<int>(t)], hasOp(kind) ? opNames[static_cast<int>(op)] : "none",
-                             hasRoot(kind) ? o.root : -1, ip, tm[ip] * 1e6, bw[ip], bus[ip], bad[ip]);
-              }
+              Row row;
+              row.bytes = shown;
+              row.count = count;
+              row.type = kTypeNames[static_cast<int>(t)];
+              row.op = hasOp(kind) ? opNames[static_cast<int>(op)] : "none";
+              row.root = hasRoot(kind) ? o.root : -1;
+              row.inPlace = ip == 1;
+              row.timeUs = tm[ip] * 1e6;
+              row.algbw = bw[ip];
+              row.busbw = bus[ip];
+              row.wrong = bad[ip];
+              results.add(row);
             }
             std::printf("\n");
             std::fflush(stdout);
@@ -508,8 +524,10 @@ int perfMain(int argc, char** argv, Kind kind) {
     if (rank == 0) {
       std::printf("# Out of bounds values : %.0f %s\n", wrongTotal, wrongTotal == 0 ? "OK" : "FAILED");
       std::printf("# Avg bus bandwidth    : %g \n", rows > 0 ? busSum / rows : 0.0);
-      std::printf("# Peak bus bandwidth   : %.3f GB/s at %zu bytes\n#\n", peakBus, peakBytes);
-      if (csv != nullptr) std::fclose(csv);
+      std::printf("# Peak bus bandwidth   : %.3f GB/s at %zu bytes\n", peakBus, peakBytes);
+      std::printf("%s\n#\n", results.summary().c_str());
+      if (!o.csv.empty()) results.writeCsv(o.csv);
+      if (!o.json.empty()) results.writeJson(o.json);
     }
     if (kind == Kind::SendRecv) printAnchors(comm, o, peakBus, peakBytes);
     comm.barrier();

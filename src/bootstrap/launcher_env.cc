@@ -38,6 +38,16 @@ bool isSet(const EnvLookup& env, const char* name) {
   return v != nullptr && *v != '\0';
 }
 
+// The host of an Open MPI daemon's contact URI ("1120010240.0;tcp://198.18.0.1,10.0.0.1:45125",
+// "...;tcp6://[fe80::1]:45125"): its first address, or "".
+std::string uriHost(const std::string& uri) {
+  size_t at = uri.find("://");
+  if (at == std::string::npos) return "";
+  std::string rest = uri.substr(at + 3);
+  if (!rest.empty() && rest[0] == '[') return rest.substr(1, rest.find(']') - 1);
+  return rest.substr(0, rest.find_first_of(",:;"));
+}
+
 long long parseInt(const EnvLookup& env, const char* name, long long lo, long long hi) {
   const char* v = env(name);
   errno = 0;
@@ -170,6 +180,22 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
   } else if (info.size == 1 || info.localSize == info.size) {
     info.masterAddr = "127.0.0.1";
     info.provenance.emplace_back("master address", "127.0.0.1 (every rank is on this node)");
+  } else if (launcherKind == "openmpi" &&
+             !uriHost(env("OMPI_MCA_orte_hnp_uri") ? env("OMPI_MCA_orte_hnp_uri") : "").empty()) {
+    // Open MPI maps rank 0 to the first node of the job, which is mpirun's own when mpirun runs on
+    // one of the job's nodes: every rank knows mpirun's address. Rank 0 checks that it is there
+    // (its local daemon is mpirun) and says what to do when it is not.
+    const std::string hnp = env("OMPI_MCA_orte_hnp_uri");
+    info.masterAddr = uriHost(hnp);
+    info.provenance.emplace_back("master address", info.masterAddr + " (mpirun's host, OMPI_MCA_orte_hnp_uri)");
+    const char* local = env("OMPI_MCA_orte_local_daemon_uri");
+    if (info.rank == 0 && local != nullptr && uriHost(local) != info.masterAddr) {
+      LOOM_THROW(ErrorCode::InvalidArgument, 0,
+                 strFormat("rank 0 runs on %s, not on mpirun's host %s, where the other ranks look for it: set "
+                           "MASTER_ADDR to rank 0's host (with mpirun: -x MASTER_ADDR=%s), or run mpirun on the "
+                           "first node of the job",
+                           uriHost(local).c_str(), info.masterAddr.c_str(), uriHost(local).c_str()));
+    }
   } else {
     LOOM_THROW(ErrorCode::InvalidArgument, -1,
                strFormat("cannot tell which host runs rank 0 (launcher: %s): set MASTER_ADDR to its host name "

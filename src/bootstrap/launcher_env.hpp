@@ -7,7 +7,8 @@
 //   > SLURM_PROCID/SLURM_NTASKS (srun).
 // (mpirun inside a Slurm allocation leaves SLURM_PROCID=0 in every rank: Open MPI must win.)
 // The rendezvous host: LOOM_MASTER_ADDR > MASTER_ADDR > the first host of SLURM_STEP_NODELIST or
-// SLURM_JOB_NODELIST (when Slurm gave the rank) > 127.0.0.1 when every rank is on this node.
+// SLURM_JOB_NODELIST (when Slurm gave the rank) > 127.0.0.1 when every rank is on this node >
+// mpirun's host (Open MPI across nodes: rank 0 runs there when mpirun runs on the job's first node).
 // The port: LOOM_MASTER_PORT > MASTER_PORT > one derived from the job id (Slurm, Open MPI; in 20000-31999, below the
 // ephemeral ports) > 29500. The job key: LOOM_JOB_KEY, else (weaker, documented) the job's identity: Slurm job and step
 // id, Open MPI's namespace, torchrun's run id, or the rendezvous address.

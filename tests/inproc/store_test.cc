@@ -160,7 +160,8 @@ TEST(Store, JobFormsAndRunsDespiteStrays) {
         for (int r = 1; r < 4; ++r) {
           auto ep = spy.tryGet(prefix + "/tcp/" + std::to_string(r));
           SockAddr peer;
-          if (!ep || !SockAddr::fromWire(ep->data(), &peer)) continue;
+          // The record: an interface count, then each interface's address and name.
+          if (!ep || ep->size() < 1 + SockAddr::kWireBytes || !SockAddr::fromWire(ep->data() + 1, &peer)) continue;
           for (const Bytes& b : {text("SSH-2.0-OpenSSH_9.2\r\n"), peerJunk, hugeLen})
             peerRejected += strayIsClosed(peer, b) ? 1 : 0;
         }

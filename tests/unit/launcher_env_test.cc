@@ -108,6 +108,38 @@ TEST(LauncherEnv, OpenMpiAcrossNodesNeedsMasterAddr) {
   EXPECT_EQ(i.masterPort, 1234);
 }
 
+TEST(LauncherEnv, OpenMpiAcrossNodesFindsRankZeroOnMpirunsHost) {
+  // mpirun on the first node of a host file: rank 0 runs beside it, every rank knows its address.
+  const std::map<std::string, std::string> base = {
+      {"OMPI_COMM_WORLD_SIZE", "4"},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+      {"OMPI_MCA_orte_hnp_uri", "1120010240.0;tcp://198.18.0.1,10.0.0.5:45125"},
+      {"OMPI_MCA_ess_base_jobid", "1120010241"}};
+  auto at = [&](const char* rank, const char* local, const char* daemon) {
+    auto v = base;
+    v["OMPI_COMM_WORLD_RANK"] = rank;
+    v["OMPI_COMM_WORLD_LOCAL_RANK"] = local;
+    v["OMPI_MCA_orte_local_daemon_uri"] = daemon;
+    return detect(v);
+  };
+  auto i = at("3", "1", "1120010240.1;tcp://198.18.0.2:44191");
+  EXPECT_EQ(i.masterAddr, "198.18.0.1");
+  EXPECT_EQ(at("0", "0", "1120010240.0;tcp://198.18.0.1,10.0.0.5:45125").masterAddr, "198.18.0.1");
+  // Rank 0 away from mpirun (mpirun on a login node): rank 0 says what to set.
+  try {
+    at("0", "0", "1120010240.1;tcp://198.18.0.2:44191");
+    ADD_FAILURE() << "no error";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 runs on 198.18.0.2, not on mpirun's host 198.18.0.1"),
+              std::string::npos)
+        << e.what();
+  }
+  auto v6 = base;
+  v6["OMPI_COMM_WORLD_RANK"] = "1";
+  v6["OMPI_MCA_orte_hnp_uri"] = "1120010240.0;tcp6://[fd00::1]:45125";
+  EXPECT_EQ(detect(v6).masterAddr, "fd00::1");
+}
+
 TEST(LauncherEnv, MpichHydra) {
   auto i = detect({{"PMI_RANK", "1"},
                    {"PMI_SIZE", "2"},

@@ -7,7 +7,7 @@
 //                                        posted (or rejects it: too large for the receive) ...
 //   DATA  (seq, offset, len) + payload   ... and the sender stripes the payload over all sockets,
 //                                        straight into the receiver's buffer.
-//   PUSH  (tag, seq, nbytes)             a message up to kMaxEagerBytes sent at once but striped:
+//   PUSH  (tag, seq, nbytes)             a message up to kMaxPushBytes sent at once but striped:
 //                                        DATA frames follow on every stream (stream 0 included)
 //                                        without waiting for a CTS; the receiver takes them into
 //                                        the matching receive, or buffers them as an unexpected
@@ -36,6 +36,8 @@ constexpr uint16_t kFrameMagic = 0x4d4c;  // "LM"
 constexpr size_t kHeaderBytes = 32;
 /// The largest EAGER payload a receiver accepts, whatever the sender's configuration.
 constexpr uint64_t kMaxEagerBytes = 1u << 20;
+/// The largest PUSH a receiver accepts (a hinted message goes at once up to LOOM_READY_BYTES).
+constexpr uint64_t kMaxPushBytes = uint64_t{1} << 30;
 
 enum class FrameType : uint8_t { Eager = 1, Rts = 2, Cts = 3, Data = 4, Ready = 5, Push = 6 };
 

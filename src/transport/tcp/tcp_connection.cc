@@ -150,11 +150,11 @@ void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, 
   Stream& s0 = *streams_[0];
   // Every send consumes the hint meant for it, so that hints for small messages do not pile up.
   const bool hinted = !readyHints_.empty() && takeReadyHintLocked(tag, bytes);
-  const bool push = bytes > options_.eagerBytes && bytes <= kMaxEagerBytes &&
-                    (hinted || ((tag & options_.pushTagBit) != 0 && bytes <= options_.pushBytes));
+  const bool push =
+      bytes > options_.eagerBytes && (hinted || ((tag & options_.pushTagBit) != 0 && bytes <= options_.pushBytes));
   recentSends_.emplace_back(op->seq, tag);
   if (recentSends_.size() > kRecentSends) recentSends_.pop_front();
-  if (bytes <= options_.eagerBytes || (push && stripesFor(bytes) == 1)) {
+  if (bytes <= options_.eagerBytes || (push && stripesFor(bytes) == 1 && bytes <= kMaxEagerBytes)) {
     h.type = static_cast<uint8_t>(FrameType::Eager);
     op->framesLeft = 1;
     enqueueLocked(s0, h, op->buf, bytes, op);
@@ -468,7 +468,7 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       if (h.seq != nextRecvSeq_)
         return malformed(strFormat("message sequence %llu, expected %llu", static_cast<unsigned long long>(h.seq),
                                    static_cast<unsigned long long>(nextRecvSeq_)));
-      if (h.a == 0 || h.a > kMaxEagerBytes) return malformed("pushed message of a size the protocol does not allow");
+      if (h.a == 0 || h.a > kMaxPushBytes) return malformed("pushed message of a size the protocol does not allow");
       ++nextRecvSeq_;
       acceptPushLocked(h);
       return Status::success();

@@ -53,7 +53,7 @@ namespace tcp {
 
 struct TcpOptions {
   size_t eagerBytes = 64 * 1024;            ///< largest message sent without RTS/CTS
-  size_t readyBytes = 1024 * 1024;          ///< largest message sent EAGER on a receiver's READY hint (0: no hints)
+  size_t readyBytes = 64u << 20;            ///< largest message sent at once on a receiver's READY hint (0: no hints)
   size_t stripeMinBytes = 256 * 1024;       ///< a slice per stream is at least this big
   int readsPerEvent = 64;                   ///< recv calls per readable event before yielding to other sockets
   uint32_t pushTagBit = kCollectiveTagBit;  ///< tags with this bit (collectives') may be sent at once ...

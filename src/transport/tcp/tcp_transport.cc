@@ -25,9 +25,9 @@ LOOM_PARAM_INT(socketBufferBytes, "LOOM_SOCKET_BUFFER", 0,
                "SO_SNDBUF/SO_RCVBUF bytes of data sockets (0: the kernel's autotuning, usually best)");
 LOOM_PARAM_INT(readsPerEventParam, "LOOM_TCP_READS_PER_EVENT", 64,
                "recv calls per readable socket event before the engine turns to other sockets");
-LOOM_PARAM_INT(readyBytesParam, "LOOM_READY_BYTES", 1024 * 1024,
-               "largest message sent at once (no RTS/CTS round trip) when the receiver said its receive is posted; "
-               "0: never");
+LOOM_PARAM_INT(readyBytesParam, "LOOM_READY_BYTES", 64 << 20,
+               "largest message sent at once (no RTS/CTS round trip) when the receiver said its receive is posted "
+               "(max 1 GiB); 0: never");
 LOOM_PARAM_INT(pushBytesParam, "LOOM_PUSH_BYTES", 1024 * 1024,
                "largest message of a collective sent over TCP at once, without waiting for the receiver to ask for it "
                "(max 1 MiB; 0: never)");
@@ -76,6 +76,8 @@ struct Pending {
   Clock::time_point since;
   Clock::time_point retryAt;
   std::string remote;
+  SockAddr target;  // connecting: the peer's listener for this socket
+  size_t from = 0;  // connecting: this rank's interface for it
 };
 
 void tune(int fd) {
@@ -106,62 +108,117 @@ class TcpTransport::StrayRejector : public PollHandler {
 TcpTransport::TcpTransport() = default;
 
 TcpTransport::~TcpTransport() {
-  if (engine_ != nullptr && listener_.valid()) engine_->remove(listener_.fd());
+  if (engine_ != nullptr)
+    for (auto& l : listeners_)
+      if (l.valid()) engine_->remove(l.fd());
 }
 
-SockAddr TcpTransport::listenAddress() const { return localAddress(listener_.fd()); }
+SockAddr TcpTransport::listenAddress(size_t i) const { return localAddress(listeners_.at(i).fd()); }
+
+namespace {
+
+// One entry per interface, all of the first entry's family (a socket joins two of the same).
+std::vector<Interface> usableInterfaces() {
+  std::vector<Interface> out;
+  for (const auto& i : selectedInterfaces()) {
+    if (!out.empty() && i.addr.family() != out.front().addr.family()) continue;
+    bool seen = false;
+    for (const auto& o : out) seen = seen || o.name == i.name;
+    if (!seen) out.push_back(i);
+  }
+  return out;
+}
+
+// The endpoint record: a count, then per interface its address (SockAddr wire form) and name.
+Bytes encodeEndpoints(const std::vector<std::pair<SockAddr, std::string>>& eps) {
+  Bytes b(1, static_cast<uint8_t>(eps.size()));
+  for (const auto& [addr, name] : eps) {
+    const size_t at = b.size();
+    b.resize(at + SockAddr::kWireBytes);
+    addr.toWire(b.data() + at);
+    b.push_back(static_cast<uint8_t>(std::min<size_t>(name.size(), 255)));
+    b.insert(b.end(), name.begin(), name.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(name.size(), 255)));
+  }
+  return b;
+}
+
+bool decodeEndpoints(const Bytes& b, std::vector<std::pair<SockAddr, std::string>>* eps) {
+  eps->clear();
+  if (b.empty() || b[0] == 0) return false;
+  size_t at = 1;
+  for (int i = 0; i < b[0]; ++i) {
+    SockAddr addr;
+    if (at + SockAddr::kWireBytes + 1 > b.size() || !SockAddr::fromWire(b.data() + at, &addr)) return false;
+    at += SockAddr::kWireBytes;
+    const size_t len = b[at++];
+    if (at + len > b.size()) return false;
+    eps->emplace_back(addr, std::string(b.begin() + static_cast<std::ptrdiff_t>(at),
+                                        b.begin() + static_cast<std::ptrdiff_t>(at + len)));
+    at += len;
+  }
+  return true;
+}
+
+}  // namespace
 
 void TcpTransport::publish(TransportContext& ctx) {
-  auto ifaces = selectedInterfaces();
-  iface_ = ifaces.front();
-  SockAddr bindAddr = iface_.addr;
-  bindAddr.setPort(0);
-  int err = 0;
-  listener_ = listenOn(bindAddr, 1024, &err);
-  if (!listener_.valid()) {
-    LOOM_THROW(ErrorCode::System, ctx.rank,
-               strFormat("cannot listen on %s (%s): %s", bindAddr.host().c_str(), iface_.name.c_str(),
-                         errnoText(err).c_str()));
+  ifaces_ = usableInterfaces();
+  std::vector<std::pair<SockAddr, std::string>> eps;
+  for (const auto& iface : ifaces_) {
+    SockAddr bindAddr = iface.addr;
+    bindAddr.setPort(0);
+    int err = 0;
+    listeners_.push_back(listenOn(bindAddr, 1024, &err));
+    if (!listeners_.back().valid()) {
+      LOOM_THROW(ErrorCode::System, ctx.rank,
+                 strFormat("cannot listen on %s (%s): %s", bindAddr.host().c_str(), iface.name.c_str(),
+                           errnoText(err).c_str()));
+    }
+    eps.emplace_back(localAddress(listeners_.back().fd()), iface.name);
   }
-  SockAddr bound = localAddress(listener_.fd());
-  Bytes ep(SockAddr::kWireBytes);
-  bound.toWire(ep.data());
-  ep.insert(ep.end(), iface_.name.begin(), iface_.name.end());
-  ctx.store->set("tcp/" + std::to_string(ctx.rank), ep);
-  LOOM_TRACE("tcp: listening on %s (%s)", bound.toString().c_str(), iface_.name.c_str());
+  ctx.store->set("tcp/" + std::to_string(ctx.rank), encodeEndpoints(eps));
+  if (ctx.rank == 0 || logLevel() >= LogLevel::Trace) {
+    std::string list;
+    for (const auto& [addr, name] : eps) list += (list.empty() ? "" : ", ") + name + " " + addr.host();
+    const char* spec = std::getenv("LOOM_SOCKET_IFNAME");
+    LOOM_INFO("tcp: %s %s%s%s", ifaces_.size() == 1 ? "using" : "striping sockets over", list.c_str(),
+              spec != nullptr ? " (LOOM_SOCKET_IFNAME="
+                              : " (every interface up but lo and docker*; LOOM_SOCKET_IFNAME "
+                                "narrows it",
+              spec != nullptr ? (std::string(spec) + ")").c_str() : ")");
+  }
 }
 
 std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext& ctx, const std::vector<int>& peers) {
   engine_ = ctx.engine;
   const int S = ctx.socketsPerPeer;
-  std::map<int, std::vector<Socket>> done;  // peer -> sockets by index
-  std::map<int, SockAddr> remoteAddr;
-  std::map<int, std::string> remoteIf;
+  std::map<int, std::vector<Socket>> done;                                 // peer -> sockets by index
+  std::map<int, std::vector<std::pair<SockAddr, std::string>>> remoteEps;  // peer -> its interfaces
   std::vector<std::unique_ptr<Pending>> pending;
   std::set<int> inboundPeers;
 
-  // Learn the peers' endpoints and start connecting to the higher ranks.
+  // Learn the peers' endpoints and start connecting to the higher ranks: socket k from this
+  // rank's interface k mod (its count) to the peer's interface k mod (the peer's count).
   for (int peer : peers) {
     done[peer] = std::vector<Socket>(static_cast<size_t>(S));
-    if (peer < ctx.rank) {
-      inboundPeers.insert(peer);
-      continue;
-    }
     auto ep = ctx.store->get("tcp/" + std::to_string(peer), ctx.deadline);
-    SockAddr addr;
-    if (!ep || ep->size() < SockAddr::kWireBytes || !SockAddr::fromWire(ep->data(), &addr)) {
+    if (!ep || !decodeEndpoints(*ep, &remoteEps[peer])) {
       LOOM_THROW_PEER(
           ErrorCode::Timeout, ctx.rank, peer,
           strFormat("rank %d did not publish its TCP address within %.0f s", peer, ctx.deadline.totalSeconds()));
     }
-    remoteAddr[peer] = addr;
-    remoteIf[peer] = std::string(ep->begin() + SockAddr::kWireBytes, ep->end());
+    if (peer < ctx.rank) {
+      inboundPeers.insert(peer);
+      continue;
+    }
     for (int k = 0; k < S; ++k) {
       auto p = std::make_unique<Pending>();
       p->state = Pending::Connecting;
       p->peer = peer;
       p->index = k;
-      p->remote = addr.toString();
+      p->target = remoteEps[peer][static_cast<size_t>(k) % remoteEps[peer].size()].first;
+      p->from = static_cast<size_t>(k) % ifaces_.size();
+      p->remote = p->target.toString();
       p->since = p->retryAt = Clock::now();
       pending.push_back(std::move(p));
     }
@@ -200,8 +257,12 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
     const auto now = Clock::now();
     for (auto& p : pending) {
       if (p->state != Pending::Connecting || p->sock.valid() || now < p->retryAt) continue;
-      Socket s(::socket(remoteAddr[p->peer].family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-      if (::connect(s.fd(), remoteAddr[p->peer].raw(), remoteAddr[p->peer].length()) != 0 && errno != EINPROGRESS) {
+      Socket s(::socket(p->target.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      // From this rank's interface for the socket, so that each socket keeps to its rail.
+      SockAddr from = ifaces_[p->from].addr;
+      from.setPort(0);
+      if (from.family() == p->target.family()) (void)::bind(s.fd(), from.raw(), from.length());
+      if (::connect(s.fd(), p->target.raw(), p->target.length()) != 0 && errno != EINPROGRESS) {
         lastError = strFormat("%s: %s", p->remote.c_str(), errnoText(errno).c_str());
         p->retryAt = now + std::chrono::milliseconds(50);
         continue;
@@ -209,7 +270,8 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
       p->sock = std::move(s);
     }
     std::vector<pollfd> fds;
-    fds.push_back({listener_.fd(), POLLIN, 0});
+    for (const auto& l : listeners_) fds.push_back({l.fd(), POLLIN, 0});
+    const size_t nl = listeners_.size();
     for (auto& p : pending) {
       if (!p->sock.valid()) {
         fds.push_back({-1, 0, 0});
@@ -220,9 +282,10 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
     int rc = ::poll(fds.data(), fds.size(), std::min(ctx.deadline.remainingMs(), 50));
     if (rc < 0 && errno != EINTR) LOOM_THROW(ErrorCode::System, ctx.rank, "poll: " + errnoText(errno));
 
-    if (fds[0].revents & POLLIN) {
+    for (size_t li = 0; li < nl; ++li) {
+      if ((fds[li].revents & POLLIN) == 0) continue;
       for (;;) {
-        int c = accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int c = accept4(listeners_[li].fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (c < 0) break;
         auto p = std::make_unique<Pending>();
         p->state = Pending::ReadClientHello;
@@ -238,9 +301,9 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
       }
     }
 
-    for (size_t i = 0; i < pending.size() && i + 1 < fds.size(); ++i) {
+    for (size_t i = 0; i < pending.size() && i + nl < fds.size(); ++i) {
       Pending& p = *pending[i];
-      const short rev = fds[i + 1].revents;
+      const short rev = fds[i + nl].revents;
       if (rev == 0 || !p.sock.valid()) continue;
       auto drop = [&](const std::string& why, bool stray) {
         if (stray) {
@@ -375,23 +438,35 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   // Every link is up: build the connections; from now on the listener turns newcomers away.
   TcpOptions options;
   options.eagerBytes = static_cast<size_t>(std::clamp<int64_t>(eagerBytesParam(), 0, kMaxEagerBytes));
-  options.readyBytes = static_cast<size_t>(std::clamp<int64_t>(readyBytesParam(), 0, kMaxEagerBytes));
+  options.readyBytes = static_cast<size_t>(std::clamp<int64_t>(readyBytesParam(), 0, kMaxPushBytes));
   options.pushBytes = static_cast<size_t>(std::clamp<int64_t>(pushBytesParam(), 0, kMaxEagerBytes));
   options.readsPerEvent = static_cast<int>(std::clamp<int64_t>(readsPerEventParam(), 1, 1 << 20));
   std::vector<std::unique_ptr<Connection>> out;
-  const SockAddr self = localAddress(listener_.fd());
   for (int peer : peers) {
-    std::string desc = strFormat("rank %d <-> rank %d: tcp, %d socket%s, via %s %s", ctx.rank, peer, S,
-                                 S == 1 ? "" : "s", iface_.name.c_str(), self.host().c_str());
-    if (auto it = remoteAddr.find(peer); it != remoteAddr.end()) desc += " -> " + it->second.toString();
+    // "via eth0 198.18.0.1 -> 198.18.0.2:41234, eth1 198.18.1.1 -> 198.18.1.2:38001": each
+    // interface pair the sockets use, seen from the rank that connected.
+    const auto& theirs = remoteEps[peer];
+    const bool outbound = peer > ctx.rank;
+    const size_t mine = ifaces_.size(), pairs = std::min<size_t>(static_cast<size_t>(S), std::max(mine, theirs.size()));
+    std::string via;
+    for (size_t k = 0; k < pairs; ++k) {
+      const Interface& me = ifaces_[k % mine];
+      const auto& them = theirs[k % theirs.size()];
+      via += (via.empty() ? "" : ", ") + me.name + " " + me.addr.host() + (outbound ? " -> " : " <- ") +
+             (outbound ? them.first.toString() : them.first.host() + " (" + them.second + ")");
+    }
+    std::string desc =
+        strFormat("rank %d <-> rank %d: tcp, %d socket%s, via %s", ctx.rank, peer, S, S == 1 ? "" : "s", via.c_str());
     auto conn = std::make_unique<TcpConnection>(ctx.rank, peer, std::move(done[peer]), ctx.engine, ctx.sendEngine,
                                                 ctx.failure, options, desc, &sleepers_);
     conn->start();
     conns_.push_back(conn.get());
     out.push_back(std::move(conn));
   }
-  rejector_ = std::make_unique<StrayRejector>(listener_.fd(), ctx.rank);
-  ctx.engine->add(listener_.fd(), rejector_.get(), EPOLLIN);
+  for (auto& l : listeners_) {
+    rejectors_.push_back(std::make_unique<StrayRejector>(l.fd(), ctx.rank));
+    ctx.engine->add(l.fd(), rejectors_.back().get(), EPOLLIN);
+  }
   if (rejected > 0) LOOM_INFO("tcp: turned away %d stray connection(s) during setup", rejected);
   return out;
 }

@@ -1,6 +1,9 @@
-// TcpTransport: sets up TcpConnections. Each rank listens on the interface LOOM_SOCKET_IFNAME
-// selects, publishes the address in the store, then the lower rank of every pair opens
-// LOOM_SOCKETS_PER_PEER sockets to the higher one. Every socket does the job-key handshake:
+// TcpTransport: sets up TcpConnections. Each rank listens on every interface LOOM_SOCKET_IFNAME
+// selects (one address family, one address per interface), publishes the addresses in the store,
+// then the lower rank of every pair opens LOOM_SOCKETS_PER_PEER sockets to the higher one, socket
+// k from its interface k mod (its count) to the peer's interface k mod (the peer's count): with
+// two interfaces (two rails, two NICs) and two sockets, a large message is striped over both
+// links. Every socket does the job-key handshake:
 //
 //   acceptor  -> connector: "LOOMPEA1" nonceA[16]
 //   connector -> acceptor : "LOOMPEC1" nonceC[16] commId[16] from to index count (u32 each)
@@ -36,14 +39,14 @@ class TcpTransport : public Transport {
   /// (tcp_connection.hpp, "quiet engine").
   void waiting(bool on) noexcept override;
 
-  /// The address this rank listens on (after publish).
-  SockAddr listenAddress() const;
+  /// The address this rank listens on for interface `i` (after publish).
+  SockAddr listenAddress(size_t i = 0) const;
 
  private:
   class StrayRejector;
-  Interface iface_;
-  Socket listener_;
-  std::unique_ptr<StrayRejector> rejector_;
+  std::vector<Interface> ifaces_;  // one per interface used, in the order sockets take them
+  std::vector<Socket> listeners_;  // by interface
+  std::vector<std::unique_ptr<StrayRejector>> rejectors_;
   ProgressEngine* engine_ = nullptr;   // set in connect(); stopped by the communicator before we go
   std::vector<TcpConnection*> conns_;  // made by connect(); the communicator stops calling us before it frees them
   std::atomic<int> sleepers_{0};
