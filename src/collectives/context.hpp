@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,12 @@ void copyIfDistinct(void* dst, const void* src, size_t n);
 // ring.cc: reduce-scatter then all-gather around `ringChannels` parallel rings, pipelined in chunks.
 
 void allReduceRing(Context& c, const Args& a);
+/// A step on the segments (element ranges of the receive buffer) a rank owns, reduced, between
+/// the ring all-reduce's reduce-scatter and its all-gather.
+using OwnedStep = std::function<void(const std::vector<Segment>& owned)>;
+/// The ring all-reduce with `between` run on the owned segments between its halves (the node-aware
+/// "2D" all-reduce reduces them across nodes there); avg is then left to `between`.
+void allReduceRingAround(Context& c, const Args& a, const OwnedStep& between);
 void reduceRing(Context& c, const Args& a);
 void allGatherRing(Context& c, const Args& a);
 void reduceScatterRing(Context& c, const Args& a);

@@ -1,7 +1,10 @@
 // Node-aware collectives: the slow links between nodes carry each byte once per node, not once
 // per rank. Each runs in three steps over group views of the collective (Context's members):
-//   all-reduce: reduce within each node to its leader (shared memory), all-reduce between the
-//               leaders (the network), broadcast within each node from its leader;
+//   all-reduce: with nodes of equal size and enough data, the "2D" form: reduce-scatter within
+//               each node, all-reduce of each slice across nodes by the ranks holding it (all at
+//               once), all-gather within each node; otherwise reduce within each node to its
+//               leader (shared memory), all-reduce between the leaders (the network), broadcast
+//               within each node from its leader;
 //   broadcast:  broadcast between the leaders from the root, then within each node;
 //   reduce:     reduce within each node to its leader, then between the leaders to the root.
 // A node's leader is the root if the root is on it, else its lowest rank (planHierarchy). Each
@@ -21,6 +24,9 @@ namespace {
 constexpr int kInterChannels = 6;
 constexpr int kIntraUp = 6;
 constexpr int kIntraDown = 7;
+// The 2D form needs every local rank to own a real slice: below this many elements per rank, the
+// leaders' form (fewer messages) runs.
+constexpr size_t k2DMinElemsPerRank = 16384;
 
 Hierarchy hierarchyOf(const Context& c, int root) {
   const auto& comm = c.comm();
@@ -58,9 +64,43 @@ void runAllReduce(Context& g, const Args& a, Algo algo) {
   allReduceRing(g, a);
 }
 
+// The "2D" all-reduce, when every node has the same number of ranks L >= 2: the ranks of each node
+// reduce-scatter the buffer among themselves (a ring over shared memory), so that each holds 1/L
+// of it summed over its node; the ranks with the same local index on every node then all-reduce
+// their slice across nodes, L such all-reduces at once, each over its own network links; and the
+// node all-gathers the slices. Every rank of a node works the network, not only a leader, and each
+// link carries 2(N-1)/N of the data per node, as the leaders' all-reduce would.
+bool allReduce2D(Context& c, const Args& a) {
+  const auto& comm = c.comm();
+  const int nodes = comm.nodeCount(), L = comm.localSize();
+  for (int k = 0; k < nodes; ++k)
+    if (static_cast<int>(comm.ranksOnNode(k).size()) != L) return false;
+  if (nodes < 2 || L < 2 || a.count < static_cast<size_t>(L) * k2DMinElemsPerRank) return false;
+  const int l = comm.localRank();
+  std::vector<int> column;  // the ranks of local index l, one per node
+  for (int k = 0; k < nodes; ++k) column.push_back(comm.ranksOnNode(k)[static_cast<size_t>(l)]);
+  Args sum = a;
+  if (a.op == ReduceOp::Avg) sum.op = ReduceOp::Sum;
+  Context local(c, comm.ranksOnNode(comm.nodeOf(comm.rank())), kIntraUp, 1);
+  uint8_t* out = bytes(a.recv);
+  allReduceRingAround(local, sum, [&](const std::vector<Segment>& owned) {
+    Context across(c, column, 0, kInterChannels);
+    for (const Segment& s : owned) {
+      if (s.count == 0) continue;
+      Args slice = sum;
+      slice.send = slice.recv = out + s.offset * a.elem;
+      slice.count = s.count;
+      runAllReduce(across, slice, interAlgo(c, Coll::AllReduce, s.count * a.elem, across.size()));
+      if (a.op == ReduceOp::Avg) kernels::divide(slice.recv, s.count, a.type, c.size());
+    }
+  });
+  return true;
+}
+
 }  // namespace
 
 void allReduceHierarchical(Context& c, const Args& a) {
+  if (allReduce2D(c, a)) return;
   const Hierarchy h = hierarchyOf(c, 0);
   const size_t nbytes = a.count * a.elem;
   Args sum = a;

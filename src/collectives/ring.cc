@@ -166,24 +166,29 @@ void ringAllGather(Context& c, const std::vector<Lane>& lanes, uint8_t* buf, siz
 
 }  // namespace
 
-void allReduceRing(Context& c, const Args& a) {
+void allReduceRing(Context& c, const Args& a) { allReduceRingAround(c, a, nullptr); }
+
+void allReduceRingAround(Context& c, const Args& a, const OwnedStep& between) {
   const int n = c.size();
   const size_t E = a.elem;
   uint8_t* out = bytes(a.recv);
   if (n == 1) {
     copyIfDistinct(out, a.send, a.count * E);
-    if (a.op == ReduceOp::Avg) kernels::divide(out, a.count, a.type, n);
+    if (between) between(std::vector<Segment>{Segment{0, a.count}});
+    if (a.op == ReduceOp::Avg && !between) kernels::divide(out, a.count, a.type, n);
     return;
   }
   auto lanes = lanesOverBuffer(c, a.count, c.ringChannels(a.count * E));
   // 1. Reduce-scatter: on every lane this rank ends with one segment fully reduced in `out`.
   ringReduceScatter(c, a, lanes, cbytes(a.send), out, 0, nullptr, 0);
-  // 2. Avg: scale the owned segments once, before anyone copies them.
-  if (a.op == ReduceOp::Avg)
-    for (const auto& l : lanes) {
-      const Segment& own = l.segs[static_cast<size_t>(ringOwnedSegment(l.ring.pos, n, 0))];
-      kernels::divide(out + own.offset * E, own.count, a.type, n);
-    }
+  std::vector<Segment> owned;
+  for (const auto& l : lanes) owned.push_back(l.segs[static_cast<size_t>(ringOwnedSegment(l.ring.pos, n, 0))]);
+  // 2. The caller's step on the owned segments; else avg scales them once, before anyone copies them.
+  if (between) {
+    between(owned);
+  } else if (a.op == ReduceOp::Avg) {
+    for (const auto& own : owned) kernels::divide(out + own.offset * E, own.count, a.type, n);
+  }
   // 3. All-gather the reduced segments.
   ringAllGather(c, lanes, out, E, 0);
 }

@@ -244,14 +244,22 @@ Selector::Selector(const CostModel& m, const std::string& override, const NodeSh
 }
 
 double Selector::hierarchicalUs(Coll c, size_t bytes) const {
-  auto best = [&](Coll k, int n, const CostModel& m) {
-    return modelUs(k, selectAlgo(k, bytes, n, m, ""), bytes, n, m);
+  auto bestAt = [&](Coll k, size_t b, int n, const CostModel& m) {
+    return modelUs(k, selectAlgo(k, b, n, m, ""), b, n, m);
   };
+  auto best = [&](Coll k, int n, const CostModel& m) { return bestAt(k, bytes, n, m); };
   const int L = shape_.maxLocal, N = shape_.nodes;
   switch (c) {
-    case Coll::AllReduce:
-      return best(Coll::Reduce, L, shape_.intra) + best(Coll::AllReduce, N, m_) +
-             best(Coll::Broadcast, L, shape_.intra);
+    case Coll::AllReduce: {
+      const double leaders =
+          best(Coll::Reduce, L, shape_.intra) + best(Coll::AllReduce, N, m_) + best(Coll::Broadcast, L, shape_.intra);
+      // The 2D form (nodes of equal size): a ring within the node around L all-reduces of a slice
+      // across nodes, at once (hierarchical.cc).
+      if (!shape_.evenNodes || L < 2 || bytes < static_cast<size_t>(L) * 64 * 1024) return leaders;
+      const double twoD = modelUs(Coll::AllReduce, Algo::Ring, bytes, L, shape_.intra) +
+                          bestAt(Coll::AllReduce, bytes / static_cast<size_t>(L), N, m_);
+      return std::min(leaders, twoD);
+    }
     case Coll::Broadcast:
       return best(Coll::Broadcast, N, m_) + best(Coll::Broadcast, L, shape_.intra);
     case Coll::Reduce:

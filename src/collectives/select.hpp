@@ -52,6 +52,7 @@ bool forcedAlgo(Coll c, const std::string& override, Algo* out);
 struct NodeShape {
   int nodes = 1;
   int maxLocal = 1;
+  bool evenNodes = false;  ///< every node has maxLocal ranks (the node-aware all-reduce's 2D form)
   CostModel intra;
   /// Every rank shares one node and its memory arena: the direct all-reduce is possible, and
   /// taken from this many bytes up (LOOM_SHM_DIRECT_MIN_BYTES).

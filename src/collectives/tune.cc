@@ -101,6 +101,9 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   shape.nodes = comm.nodeCount();
   for (int k = 0; k < comm.nodeCount(); ++k)
     shape.maxLocal = std::max(shape.maxLocal, static_cast<int>(comm.ranksOnNode(k).size()));
+  shape.evenNodes = true;
+  for (int k = 0; k < comm.nodeCount(); ++k)
+    shape.evenNodes = shape.evenNodes && static_cast<int>(comm.ranksOnNode(k).size()) == shape.maxLocal;
   shape.intra = costModelFromEnv(within);
   const LocalArena* arena = comm.arena();
   shape.direct = arena != nullptr && static_cast<int>(arena->ranks.size()) == comm.size() && comm.size() > 1;

@@ -169,6 +169,11 @@ INSTANTIATE_TEST_SUITE_P(Mixed, LargeCounts,
                          ::testing::Combine(::testing::Values(3, 5), ::testing::Values("ring+4", "rd,tree", "hier"),
                                             ::testing::Values("mixed")),
                          matrixName);
+// Nodes of equal size: the node-aware all-reduce takes its 2D form (every local rank owns a slice).
+INSTANTIATE_TEST_SUITE_P(MixedEven, LargeCounts,
+                         ::testing::Combine(::testing::Values(4, 6), ::testing::Values("hier"),
+                                            ::testing::Values("mixed")),
+                         matrixName);
 
 TEST(Collectives, AllReduce64MiB) {
   for (const char* links : {"shm", "tcp", "mixed"})

@@ -109,6 +109,25 @@ TEST(Selector, NodeAwareWhenSeveralNodesHoldSeveralRanks) {
   EXPECT_EQ(loom::coll::Selector(tcp, "hier", shape).pick(Coll::Reduce, 8, 4), Algo::Hierarchical);
 }
 
+// Nodes of equal size give large all-reduces the 2D form: only a slice per rank crosses the
+// network, every local rank working its links, which the model counts.
+TEST(Selector, EvenNodesMakeLargeNodeAwareAllReducesCheaper) {
+  const auto tcp = loom::coll::costModelFromEnv("tcp"), shm = loom::coll::costModelFromEnv("shm");
+  loom::coll::NodeShape shape;
+  shape.nodes = 2;
+  shape.maxLocal = 2;
+  shape.intra = shm;
+  const double leaders = loom::coll::Selector(tcp, "", shape).hierarchicalUs(Coll::AllReduce, 64u << 20);
+  shape.evenNodes = true;
+  loom::coll::Selector even(tcp, "", shape);
+  EXPECT_LT(even.hierarchicalUs(Coll::AllReduce, 64u << 20), leaders);
+  EXPECT_EQ(even.pick(Coll::AllReduce, 64u << 20, 4), Algo::Hierarchical);
+  // Small buffers keep the leaders' form (the model of both is the same there).
+  shape.evenNodes = false;
+  EXPECT_EQ(even.hierarchicalUs(Coll::AllReduce, 1024),
+            loom::coll::Selector(tcp, "", shape).hierarchicalUs(Coll::AllReduce, 1024));
+}
+
 TEST(Selector, DirectAllReduceFromItsThresholdWhenEveryRankSharesTheArena) {
   const auto shm = loom::coll::costModelFromEnv("shm");
   loom::coll::NodeShape shape;
