@@ -30,6 +30,8 @@ constexpr size_t kReaderWriteBudget = 64 * 1024;
 constexpr size_t kUnlimited = SIZE_MAX;
 // Sends remembered to judge READY hints against: a hint older than this many sends is dropped.
 constexpr size_t kRecentSends = 256;
+// Spare buffers kept per connection for unexpected messages.
+constexpr size_t kPoolBytes = 8u << 20;
 
 }  // namespace
 
@@ -257,12 +259,38 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
 }
 
 void TcpConnection::deliverUnexpectedLocked(Unexpected& u, RecvOp& op) {
-  if (u.data.size() > op.capacity) {
-    op.req->fail(truncation(u.data.size(), op));
+  const size_t n = u.data.size;
+  if (n > op.capacity) {
+    giveBackLocked(std::move(u.data));
+    op.req->fail(truncation(n, op));
     return;
   }
-  if (!u.data.empty()) std::memcpy(op.buf, u.data.data(), u.data.size());
-  op.req->complete(u.data.size());
+  if (n > 0) std::memcpy(op.buf, u.data.data(), n);
+  giveBackLocked(std::move(u.data));
+  op.req->complete(n);
+}
+
+TcpConnection::Buffer TcpConnection::takeBufferLocked(size_t n) {
+  size_t best = pool_.size();
+  for (size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].capacity >= n && (best == pool_.size() || pool_[i].capacity < pool_[best].capacity)) best = i;
+  Buffer b;
+  if (best < pool_.size()) {
+    b = std::move(pool_[best]);
+    pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(best));
+    pooled_ -= b.capacity;
+  } else {
+    b.bytes.reset(new uint8_t[std::max<size_t>(n, 1)]);
+    b.capacity = std::max<size_t>(n, 1);
+  }
+  b.size = n;
+  return b;
+}
+
+void TcpConnection::giveBackLocked(Buffer b) {
+  if (!b.bytes || pooled_ + b.capacity > kPoolBytes) return;
+  pooled_ += b.capacity;
+  pool_.push_back(std::move(b));
 }
 
 void TcpConnection::enqueueDataLocked(const std::shared_ptr<SendOp>& op) {
@@ -295,7 +323,7 @@ void TcpConnection::acceptPushLocked(const FrameHeader& h) {
     // Nobody has posted for it yet: it lands in a buffer of its own, claimed by a later receive.
     auto u = std::make_shared<Unexpected>();
     u->hdr = h;
-    u->data.resize(h.a);
+    u->data = takeBufferLocked(h.a);
     unexpected_[h.tag].push_back(u);
     op = std::make_shared<RecvOp>();
     op->buf = u->data.data();
@@ -513,7 +541,7 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       } else {
         auto u = std::make_shared<Unexpected>();
         u->hdr = h;
-        u->data.resize(h.a);
+        u->data = takeBufferLocked(h.a);
         unexpected_[h.tag].push_back(u);
         s.sink = Sink::Unexpected;
         s.target = u->data.data();
