@@ -3,6 +3,7 @@
 #include "collectives/context.hpp"
 #include "collectives/select.hpp"
 #include "core/format.hpp"
+#include "core/signature.hpp"
 
 namespace loom {
 namespace {
@@ -65,8 +66,10 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
                            ? a.count * a.elem * static_cast<size_t>(c.size())
                            : a.count * a.elem;
   const Algo algo = chooseAlgo(c, kind, bytes);
-  auto body = [&c, kind, a, algo](int64_t seq) {
-    coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo));
+  const uint64_t sig = makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
+  auto body = [&c, kind, a, algo, sig](int64_t seq) {
+    c.enterCall(seq, sig);
+    coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo), sig);
     switch (kind) {
       case Coll::AllReduce:
         if (algo == Algo::Hierarchical) return coll::allReduceHierarchical(ctx, a);

@@ -33,6 +33,7 @@ Context::Context(const Context& parent, std::vector<int> members, int channelBas
       seq_(parent.seq_),
       name_(parent.name_),
       algo_(parent.algo_),
+      sig_(parent.sig_),
       members_(std::move(members)),
       channelBase_(channelBase),
       channelCount_(channelCount) {
@@ -50,7 +51,7 @@ RequestPtr Context::send(int peer, const void* p, size_t bytes, int channel) {
   l.channel = channel;
   l.send = true;
   l.bytes = bytes;
-  return comm_.postSend(peer, p, bytes, detail::collectiveTag(seq_, channel), l);
+  return comm_.postSend(peer, p, bytes, detail::collectiveTag(seq_, channel), l, sig_);
 }
 
 RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel) {
@@ -62,7 +63,7 @@ RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel) {
   l.seq = seq_;
   l.channel = channel;
   l.bytes = bytes;
-  auto r = comm_.postRecv(peer, p, bytes, detail::collectiveTag(seq_, channel), l);
+  auto r = comm_.postRecv(peer, p, bytes, detail::collectiveTag(seq_, channel), l, sig_);
   r->expectBytes = bytes;
   return r;
 }
@@ -72,12 +73,16 @@ void Context::wait(const RequestPtr& r) {
     r->wait();
   } catch (const Error& e) {
     if (e.code() != ErrorCode::InvalidUsage) throw;
-    // A message larger than the algorithm's receive: the ranks disagree about this collective.
-    Status s = Status::error(ErrorCode::InvalidUsage,
-                             strFormat("%s #%lld (%s): %s; the ranks called this collective with different counts "
-                                       "or datatypes",
-                                       name_, static_cast<long long>(seq_), algo_, e.message().c_str()),
-                             e.peer(), seq_);
+    // A message of another call (its signature), or larger than the algorithm's receive: the ranks
+    // disagree about this collective.
+    const bool named = e.message().find(" called ") != std::string::npos;
+    Status s =
+        Status::error(ErrorCode::InvalidUsage,
+                      strFormat("%s #%lld (%s): %s%s", name_, static_cast<long long>(seq_), algo_, e.message().c_str(),
+                                named ? ""
+                                      : "; the ranks called this collective with different counts or "
+                                        "datatypes"),
+                      e.peer(), seq_);
     comm_.failureState()->fail(s);
     throw s.toError(rank());
   }

@@ -29,8 +29,10 @@ struct Args {
 class Context {
  public:
   /// `name` ("all_reduce") and `algo` ("ring") appear in timeout and error messages.
-  Context(detail::CommImpl& comm, int64_t seq, const char* name, const char* algo)
-      : comm_(comm), seq_(seq), name_(name), algo_(algo) {}
+  /// `sig` (core/signature.hpp) goes with every message, so that ranks in different calls fail
+  /// clearly; 0 for internal exchanges that are no user call.
+  Context(detail::CommImpl& comm, int64_t seq, const char* name, const char* algo, uint64_t sig = 0)
+      : comm_(comm), seq_(seq), name_(name), algo_(algo), sig_(sig) {}
   /// A view of `parent` restricted to `members` (global ranks; this rank among them): rank(),
   /// size() and peers are then indices into `members`, so that any algorithm runs on the group.
   /// Its messages use channels channelBase .. channelBase + channelCount - 1 of the collective's
@@ -43,6 +45,8 @@ class Context {
   /// The communicator (node map, selector).
   const detail::CommImpl& comm() const { return comm_; }
   const char* name() const { return name_; }
+  /// The call's signature (core/signature.hpp), 0 for internal exchanges.
+  uint64_t signature() const { return sig_; }
 
   /// Messages of this collective on `channel` (0 to kMaxChannels-1): each channel has its own tag.
   RequestPtr send(int peer, const void* p, size_t bytes, int channel = 0);
@@ -71,6 +75,7 @@ class Context {
   const int64_t seq_;
   const char* name_;
   const char* algo_;
+  uint64_t sig_ = 0;
   std::vector<int> members_;  // empty: the whole communicator
   int groupRank_ = 0;
   int channelBase_ = 0;

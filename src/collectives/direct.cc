@@ -20,18 +20,21 @@
 #include "collectives/context.hpp"
 #include "collectives/select.hpp"
 #include "core/format.hpp"
+#include "core/signature.hpp"
 #include "kernels/reduce.hpp"
 
 namespace loom {
 namespace coll {
 namespace {
 
-enum class Kind : uint64_t { AllReduce = 1, Broadcast = 2, AllGather = 3 };
+enum class Kind { AllReduce, Broadcast, AllGather };
 
-// What a rank's collective is, for the same-call check: kind, type, op and root.
+// What a rank's collective is, for the same-call check: its signature (core/signature.hpp).
 uint64_t callWord(Kind kind, const Args& a) {
-  return static_cast<uint64_t>(a.type) | static_cast<uint64_t>(a.op) << 8 |
-         static_cast<uint64_t>(static_cast<uint32_t>(a.root)) << 16 | static_cast<uint64_t>(kind) << 56;
+  const SigKind k = kind == Kind::AllReduce   ? SigKind::AllReduce
+                    : kind == Kind::Broadcast ? SigKind::Broadcast
+                                              : SigKind::AllGather;
+  return makeSignature(k, a.type, a.op, a.root, a.count);
 }
 
 // Waits until every other rank of the arena has made `target` steps.
@@ -52,6 +55,12 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
       std::this_thread::yield();
       if ((spins & 255) != 0) continue;
       if (comm.failureState()->failed()) throw comm.failureState()->first().toError(comm.rank());
+      // A peer in another call with this one's number will never reach our step: say so.
+      if (Status m = comm.localCallMismatch(c.seq(), c.signature()); !m.ok) {
+        m.message = strFormat("%s #%lld (direct): %s", c.name(), static_cast<long long>(c.seq()), m.message.c_str());
+        comm.failureState()->fail(m);
+        throw m.toError(comm.rank());
+      }
       if (ar.gone) {
         const std::string why = ar.gone(static_cast<int>(p));
         if (!why.empty()) {
@@ -96,16 +105,11 @@ void checkSameCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint6
     if (seq == static_cast<uint64_t>(c.seq()) && b == bytes && w == word) continue;
     Status s = Status::error(
         ErrorCode::InvalidUsage,
-        strFormat("%s #%lld (direct): rank %d is in collective #%llu with %llu bytes (kind %llu, type %llu, op %llu, "
-                  "root %llu) where this rank has %llu bytes (kind %llu, type %llu, op %llu, root %llu): the ranks "
-                  "called this collective with different counts, datatypes, ops or roots",
+        strFormat("%s #%lld (direct): rank %d is in collective #%llu, %s (%llu bytes), where this rank is in %s "
+                  "(%llu bytes): the ranks called this collective with different counts, datatypes, ops or roots",
                   c.name(), static_cast<long long>(c.seq()), ar.ranks[p], static_cast<unsigned long long>(seq),
-                  static_cast<unsigned long long>(b), static_cast<unsigned long long>(w >> 56),
-                  static_cast<unsigned long long>(w & 0xff), static_cast<unsigned long long>((w >> 8) & 0xff),
-                  static_cast<unsigned long long>((w >> 16) & 0xffffffff), static_cast<unsigned long long>(bytes),
-                  static_cast<unsigned long long>(word >> 56), static_cast<unsigned long long>(word & 0xff),
-                  static_cast<unsigned long long>((word >> 8) & 0xff),
-                  static_cast<unsigned long long>((word >> 16) & 0xffffffff)),
+                  describeSignature(w).c_str(), static_cast<unsigned long long>(b), describeSignature(word).c_str(),
+                  static_cast<unsigned long long>(bytes)),
         ar.ranks[p], c.seq());
     c.comm().failureState()->fail(s);
     throw s.toError(c.comm().rank());

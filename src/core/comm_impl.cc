@@ -10,6 +10,7 @@
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
+#include "core/signature.hpp"
 #include "core/topology.hpp"
 #include "transport/registry.hpp"
 #include "transport/self_connection.hpp"
@@ -297,14 +298,16 @@ RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, c
   return req;
 }
 
-RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label) {
+RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig) {
   auto req = std::make_shared<Request>(rank_, peer, label, timeout_, failure_, progress_);
+  req->signature = sig;
   conns_[static_cast<size_t>(peer)]->isend(req, buf, bytes, tag);
   return req;
 }
 
-RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label) {
+RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig) {
   auto req = std::make_shared<Request>(rank_, peer, label, timeout_, failure_, progress_);
+  req->signature = sig;
   conns_[static_cast<size_t>(peer)]->irecv(req, buf, bytes, tag);
   return req;
 }
@@ -380,6 +383,38 @@ void CommImpl::attend(bool on) noexcept {
   for (auto& t : transports_) t->attend(on);
 }
 
+void CommImpl::enterCall(int64_t seq, uint64_t sig) {
+  currentSig_.store(sig, std::memory_order_relaxed);
+  currentSeq_.store(seq, std::memory_order_release);
+  if (const LocalArena* a = arena())
+    publishCall(a->current[static_cast<size_t>(a->me)], static_cast<uint64_t>(seq), sig);
+}
+
+Status CommImpl::localCallMismatch(int64_t seq, uint64_t sig) const {
+  const LocalArena* a = arena();
+  if (a == nullptr || sig == 0) return Status::success();
+  for (size_t i = 0; i < a->current.size(); ++i) {
+    if (static_cast<int>(i) == a->me) continue;
+    uint64_t theirSeq = 0, theirSig = 0;
+    if (!readCall(a->current[i], &theirSeq, &theirSig)) continue;
+    if (theirSeq == static_cast<uint64_t>(seq) && !signaturesAgree(sig, theirSig)) {
+      Status s = signatureMismatch(a->ranks[i], theirSig, rank_, sig);
+      s.seq = seq;
+      return s;
+    }
+  }
+  return Status::success();
+}
+
+void CommImpl::check() noexcept {
+  const int64_t seq = currentSeq_.load(std::memory_order_acquire);
+  if (seq < 0 || failure_->failed()) return;
+  Status s = localCallMismatch(seq, currentSig_.load(std::memory_order_relaxed));
+  if (s.ok) return;
+  s.message = strFormat("collective #%lld: %s", static_cast<long long>(seq), s.message.c_str());
+  failure_->fail(s);
+}
+
 void CommImpl::waiting(bool on) noexcept {
   for (auto& t : transports_) t->waiting(on);
 }
@@ -396,12 +431,17 @@ uint8_t* CommImpl::scratch(size_t bytes, int slot) {
 
 void CommImpl::barrierBody(int64_t seq) {
   const uint32_t tag = collectiveTag(seq);
+  const uint64_t sig = makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0);
+  enterCall(seq, sig);
   uint8_t token = 0, sink = 0;
   for (const auto& round : planDisseminationBarrier(rank_, size_)) {
-    auto r = postRecv(round.from, &sink, 0, tag,
-                      strFormat("barrier #%lld: signal from rank %d", static_cast<long long>(seq), round.from));
-    auto s = postSend(round.to, &token, 0, tag,
-                      strFormat("barrier #%lld: signal to rank %d", static_cast<long long>(seq), round.to));
+    Label in, out;
+    in.coll = out.coll = "barrier";
+    in.algo = out.algo = "dissemination";
+    in.seq = out.seq = seq;
+    out.send = true;
+    auto r = postRecv(round.from, &sink, 0, tag, in, sig);
+    auto s = postSend(round.to, &token, 0, tag, out, sig);
     s->wait();
     r->wait();
   }

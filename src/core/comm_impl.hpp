@@ -71,8 +71,8 @@ class CommImpl : public Progressable {
   // ---- For algorithms: byte-level messages on the collective tag space. ----
   RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what);
   RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what);
-  RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label);
-  RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label);
+  RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig = 0);
+  RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig = 0);
 
   /// Scratch memory for collectives, `slot` 0 to kScratchSlots-1. Only collectives use it, and they
   /// run one at a time on the op queue, so no lock is needed. Grows, never shrinks.
@@ -88,6 +88,14 @@ class CommImpl : public Progressable {
   /// What a thread attends while it runs a blocking operation of this communicator (AttendScope).
   const std::shared_ptr<ProgressHook>& progressHook() const { return progress_; }
   void waiting(bool on) noexcept override;
+  void check() noexcept override;
+
+  /// A collective starts on this rank: its sequence number and signature, published to the
+  /// node's peers (the shared arena) so that a peer in another call is named, not waited for.
+  void enterCall(int64_t seq, uint64_t sig);
+  /// The first local peer in collective `seq` with a signature other than `sig`, as an error;
+  /// success when there is none (or no shared arena).
+  Status localCallMismatch(int64_t seq, uint64_t sig) const;
 
   // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
   int nodeCount() const { return static_cast<int>(nodeRanks_.size()); }
@@ -145,6 +153,8 @@ class CommImpl : public Progressable {
   std::unique_ptr<OpQueue> queue_;
   std::atomic<int64_t> nextSeq_{0};
   std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
+  std::atomic<int64_t> currentSeq_{-1};  // the collective this rank is in (enterCall)
+  std::atomic<uint64_t> currentSig_{0};
   std::atomic<bool> aborted_{false};
   std::vector<uint8_t> scratch_[kScratchSlots];
   std::optional<LinkModel> link_;

@@ -62,7 +62,9 @@ namespace detail {
 
 namespace {
 thread_local ProgressHook* tlAttended = nullptr;
-}
+// How often a sleeping waiter looks for a hopeless wait.
+constexpr auto kCheckEvery = std::chrono::milliseconds(100);
+}  // namespace
 
 std::atomic<int>& pauseSpinsBeforeYield() {
   static std::atomic<int> spins{kPauseSpinsAlone};
@@ -180,17 +182,28 @@ bool Request::waitUntil(Clock::time_point deadline) {
     }
     if (progress_) progress_->end(peer_);
     if (finished) return true;
+    if (progress_) progress_->check();
   }
   // Asleep, this thread polls nothing: step out of the operation it attends meanwhile, so that
   // the transports' progress threads take over.
   ProgressHook* attended = AttendScope::current();
   if (attended != nullptr) attended->attend(false);
   if (progress_) progress_->waiting(true);
-  bool ok;
+  bool ok = false;
   {
+    // In slices, looking between them for what would make the wait hopeless (Progressable::check).
     std::unique_lock<std::mutex> lock(mu_);
     ++sleepers_;
-    ok = cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_acquire); });
+    for (;;) {
+      const auto slice = std::min(deadline, Clock::now() + kCheckEvery);
+      ok = cv_.wait_until(lock, slice, [this] { return done_.load(std::memory_order_acquire); });
+      if (ok || slice >= deadline) break;
+      if (progress_) {
+        lock.unlock();
+        progress_->check();
+        lock.lock();
+      }
+    }
     --sleepers_;
   }
   if (progress_) progress_->waiting(false);

@@ -56,6 +56,9 @@ class Progressable {
   virtual void attend(bool on) noexcept = 0;
   /// A thread goes to sleep in a wait, or wakes (Transport::waiting).
   virtual void waiting(bool on) noexcept = 0;
+  /// Called now and then by a thread that has waited a while: looks for what would make the wait
+  /// hopeless (a peer of this node in another collective call) and fails the communicator then.
+  virtual void check() noexcept = 0;
 };
 
 /// Lets a waiting thread drive its communicator's connections (see Connection::poll). Shared by
@@ -87,6 +90,10 @@ class ProgressHook {
   void waiting(bool on) {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (target_ != nullptr) target_->waiting(on);
+  }
+  void check() {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (target_ != nullptr) target_->check();
   }
   void detach() {
     std::unique_lock<std::shared_mutex> lock(mu_);
@@ -177,6 +184,9 @@ class Request {
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// For receives whose size must match exactly (collectives): the size expected, or SIZE_MAX.
   size_t expectBytes = SIZE_MAX;
+  /// The collective call this message belongs to (core/signature.hpp), or 0: a transport fails a
+  /// receive whose matching message carries another. Set before the request is posted.
+  uint64_t signature = 0;
 
  private:
   void throwIfFailed();

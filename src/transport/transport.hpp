@@ -65,12 +65,32 @@ struct LocalArena {
   size_t bytes = 0;        ///< of each buffer
   std::vector<uint8_t*> buffers;
   std::vector<std::atomic<uint64_t>*> steps;
-  std::vector<std::atomic<uint64_t>*> calls;  ///< 3 sets of 3 words each: sequence, bytes, type | op << 8
+  std::vector<std::atomic<uint64_t>*> calls;    ///< 3 sets of 3 words each: sequence, bytes, signature
+  std::vector<std::atomic<uint64_t>*> current;  ///< each rank's current call (publishCall / readCall)
   /// Why rank `index` can no longer take part ("" while it can): it closed its communicator, or
   /// its communicator failed (with the reason it recorded). A killed rank is noticed by the
   /// transport's progress thread, which fails the communicator.
   std::function<std::string(int index)> gone;
 };
+
+/// Publishes the collective a rank is in (sequence number, signature) in its `current` slot: a
+/// version word, odd while the pair is being written, so that readers never see half of it.
+inline void publishCall(std::atomic<uint64_t>* slot, uint64_t seq, uint64_t sig) {
+  const uint64_t v = slot[0].load(std::memory_order_relaxed);
+  slot[0].store(v + 1, std::memory_order_seq_cst);
+  slot[1].store(seq, std::memory_order_seq_cst);
+  slot[2].store(sig, std::memory_order_seq_cst);
+  slot[0].store(v + 2, std::memory_order_seq_cst);
+}
+
+/// Reads a rank's current call; false while it is being written (try again later).
+inline bool readCall(const std::atomic<uint64_t>* slot, uint64_t* seq, uint64_t* sig) {
+  const uint64_t v = slot[0].load(std::memory_order_seq_cst);
+  if (v == 0 || (v & 1) != 0) return false;
+  *seq = slot[1].load(std::memory_order_seq_cst);
+  *sig = slot[2].load(std::memory_order_seq_cst);
+  return slot[0].load(std::memory_order_seq_cst) == v;
+}
 
 /// What a transport needs to set up its connections.
 struct TransportContext {

@@ -373,3 +373,65 @@ TEST(Collectives, MismatchedCountsFailInsteadOfCorrupting) {
   }
   EXPECT_GE(failed, 1);
 }
+
+// Ranks that call different collectives, datatypes, ops or roots with the same number of bytes
+// would exchange garbage without a check: every message carries its call's signature, so every
+// rank fails at once (not at the deadline) with an error that says who called what.
+class Mismatch : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Links, Mismatch, ::testing::Values("shm", "tcp", "mixed"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST_P(Mismatch, DifferentCallsFailEveryRankSayingWhoCalledWhat) {
+  loomtest::TransportSetup links(GetParam());
+  EnvGuard untuned("LOOM_TUNE", "0");
+  struct Wrong {
+    const char* what;  // what rank 1 does instead of an all-reduce of 4096 float32 (sum)
+    std::function<void(loom::Communicator&, std::vector<float>&)> call;
+    const char* theirs;  // how the errors spell rank 1's call
+  };
+  const std::vector<Wrong> cases = {
+      {"broadcast",
+       [](loom::Communicator& c, std::vector<float>& v) {
+         c.broadcast(v.data(), v.data(), 4096, DataType::Float32, 0);
+       },
+       "broadcast of 4096 float32 from rank 0"},
+      {"int32",
+       [](loom::Communicator& c, std::vector<float>& v) {
+         c.allReduce(v.data(), v.data(), 4096, DataType::Int32, ReduceOp::Sum);
+       },
+       "all_reduce of 4096 int32 (sum)"},
+      {"max",
+       [](loom::Communicator& c, std::vector<float>& v) {
+         c.allReduce(v.data(), v.data(), 4096, DataType::Float32, ReduceOp::Max);
+       },
+       "all_reduce of 4096 float32 (max)"},
+  };
+  const std::string mine = "all_reduce of 4096 float32 (sum)";
+  for (const auto& w : cases) {
+    for (const char* algo : {"ring", "rd"}) {
+      EnvGuard forced("LOOM_ALGO", algo);
+      loom::Options o;
+      o.timeout = std::chrono::seconds(20);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto results = loomtest::runRanks(
+          3,
+          [&](loom::Communicator& c) {
+            std::vector<float> v(4096, 1.0f);
+            if (c.rank() == 1)
+              w.call(c, v);
+            else
+              c.allReduce(v.data(), v.data(), 4096, DataType::Float32, ReduceOp::Sum);
+            c.barrier();
+          },
+          o);
+      // Seconds, not the 20 s deadline.
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << w.what << " " << algo;
+      for (size_t r = 0; r < results.size(); ++r) {
+        const std::string& e = results[r].error;
+        EXPECT_NE(e.find(w.theirs), std::string::npos) << "rank " << r << " (" << w.what << ", " << algo << "): " << e;
+        EXPECT_NE(e.find(mine), std::string::npos) << "rank " << r << " (" << w.what << ", " << algo << "): " << e;
+        EXPECT_NE(e.find(std::string("rank 1 called ") + w.theirs), std::string::npos) << "rank " << r << ": " << e;
+      }
+    }
+  }
+}

@@ -5,15 +5,17 @@
 // storing head with release, the consumer frees them by storing tail with release. Exactly one
 // thread may write and one may read at a time (ShmConnection's two mutexes see to it).
 //
-// Frames (32-byte header; EAGER and DATA carry a payload after it, streamed through the ring in
+// Frames (40-byte header; EAGER and DATA carry a payload after it, streamed through the ring in
 // as many pieces as it takes):
-//   EAGER (tag, seq, bytes) + payload   small message, copied through the ring
-//   RTS   (tag, seq, bytes, addr)       large message announced; addr is the sender's buffer
+//   EAGER (tag, seq, bytes, sig) + payload   small message, copied through the ring
+//   RTS   (tag, seq, bytes, addr, sig)  large message announced; addr is the sender's buffer
 //   DONE  (seq)                         receiver has read it with process_vm_readv: sender completes
 //   CTS   (seq)                         receiver cannot read it directly: sender streams it ...
 //   DATA  (seq, bytes) + payload        ... through the ring, straight into the receive buffer
-//   NACK  (seq)                         receive buffer too small: sender fails its send
-// A header is written only when 32 bytes fit, so a reader always finds headers whole.
+//   NACK  (seq[, sig])                  receive buffer too small, or (sig set: the receiver's
+//                                       signature) a receive of another collective call: sender fails
+// sig is the collective call's signature (core/signature.hpp), 0 for point-to-point messages.
+// A header is written only when it fits whole, so a reader always finds headers whole.
 #pragma once
 
 #include <algorithm>
@@ -34,8 +36,9 @@ struct Frame {
   uint64_t seq = 0;
   uint64_t bytes = 0;
   uint64_t addr = 0;
+  uint64_t sig = 0;
 };
-static_assert(sizeof(Frame) == 32, "frame layout");
+static_assert(sizeof(Frame) == 40, "frame layout");
 constexpr size_t kFrameBytes = sizeof(Frame);
 
 class RingView {

@@ -29,7 +29,7 @@ namespace loom {
 namespace shm {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cULL;  // "LOOMSHM1"
-constexpr uint32_t kSegmentVersion = 2;
+constexpr uint32_t kSegmentVersion = 3;                    // 3: frames carry the call's signature
 constexpr size_t kCacheLine = 64;
 
 /// Control words of one ring; head and tail on their own cache lines.
@@ -66,6 +66,9 @@ struct SegmentHeader {
   /// three sets: one per half of the area that small calls alternate between, one for large.
   alignas(kCacheLine) std::atomic<uint64_t> directStep;
   alignas(kCacheLine) std::atomic<uint64_t> directCall[9];
+  /// The collective the owner is in, for its peers' mismatch check whatever the algorithm: a
+  /// version (odd while being written), the sequence number and the signature (core/signature.hpp).
+  alignas(kCacheLine) std::atomic<uint64_t> current[3];
   /// The owner's communicator failed: 1 while the reason is written, 2 once `failure` holds it.
   /// Peers read it to explain what they see next (a vanished buffer, a dead process).
   std::atomic<uint32_t> failed;

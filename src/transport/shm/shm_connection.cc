@@ -6,6 +6,7 @@
 
 #include "core/format.hpp"
 #include "core/logging.hpp"
+#include "core/signature.hpp"
 #include "transport/shm/cma.hpp"
 #include "transport/shm/shm_engine.hpp"
 
@@ -70,6 +71,7 @@ void ShmConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, 
   o.frame.tag = tag;
   o.frame.seq = nextSendSeq_++;
   o.frame.bytes = bytes;
+  o.frame.sig = req->signature;
   if (bytes <= options_.eagerBytes) {
     o.frame.type = static_cast<uint8_t>(FrameType::Eager);
     o.payload = op->buf;
@@ -132,12 +134,13 @@ bool ShmConnection::flushLocked() {
 
 void ShmConnection::wakePeerLocked(bool urgent) { ring(theirs_, urgent); }
 
-void ShmConnection::sendControl(FrameType type, uint64_t seq) {
+void ShmConnection::sendControl(FrameType type, uint64_t seq, uint64_t sig) {
   std::lock_guard<std::mutex> out(outMu_);
   if (closed_) return;
   Out o;
   o.frame.type = static_cast<uint8_t>(type);
   o.frame.seq = seq;
+  o.frame.sig = sig;
   outq_.push_back(o);
   flushLocked();
 }
@@ -163,6 +166,17 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   std::shared_ptr<Unexpected> u = std::move(*it);
   unexpected_.erase(it);
   const size_t message = static_cast<size_t>(u->frame.bytes);
+  if (!signaturesAgree(req->signature, u->frame.sig)) {
+    // A message of another call: this receive fails; an announced one is refused.
+    req->fail(signatureMismatch(peer_, u->frame.sig, rank_, req->signature));
+    if (u->frame.type == static_cast<uint8_t>(FrameType::Rts)) {
+      in.unlock();
+      sendControl(FrameType::Nack, u->frame.seq, req->signature);
+    } else if (u->complete) {
+      recycleLocked(std::move(u->data));
+    }
+    return;
+  }
   if (u->frame.type == static_cast<uint8_t>(FrameType::Rts)) {
     if (message > bytes) {
       req->fail(truncation(message, tag, bytes));
@@ -364,8 +378,10 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
       std::shared_ptr<RecvOp> op = std::move(*pit);
       posted_.erase(pit);
       const size_t message = static_cast<size_t>(f.bytes);
-      if (message > op->capacity) {
-        op->req->fail(truncation(message, f.tag, op->capacity));
+      const bool agree = signaturesAgree(op->req->signature, f.sig);
+      if (!agree || message > op->capacity) {
+        op->req->fail(agree ? truncation(message, f.tag, op->capacity)
+                            : signatureMismatch(peer_, f.sig, rank_, op->req->signature));
         if (eager) {
           if (message > 0) {
             cur_ = f;
@@ -373,7 +389,7 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
             sink_ = Sink::Discard;
           }
         } else {
-          sendControl(FrameType::Nack, f.seq);
+          sendControl(FrameType::Nack, f.seq, agree ? 0 : op->req->signature);
         }
         return Status::success();
       }
@@ -421,11 +437,12 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
       if (type == FrameType::Done) {
         op->req->complete(op->bytes);
       } else if (type == FrameType::Nack) {
-        op->req->fail(Status::error(ErrorCode::InvalidUsage,
-                                    strFormat("message of %zu bytes to rank %d (tag %u) is larger than the receive "
-                                              "buffer rank %d posted",
-                                              op->bytes, peer_, op->tag, peer_),
-                                    peer_));
+        op->req->fail(f.sig != 0 ? signatureMismatch(peer_, f.sig, rank_, op->req->signature)
+                                 : Status::error(ErrorCode::InvalidUsage,
+                                                 strFormat("message of %zu bytes to rank %d (tag %u) is larger than "
+                                                           "the receive buffer rank %d posted",
+                                                           op->bytes, peer_, op->tag, peer_),
+                                                 peer_));
       } else {
         Out o;
         o.frame.type = static_cast<uint8_t>(FrameType::Data);

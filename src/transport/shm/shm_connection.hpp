@@ -107,7 +107,8 @@ class ShmConnection : public Connection {
   void startLargeLocked(const std::shared_ptr<RecvOp>& op);
   /// Runs one queued direct read (unlocking `in` meanwhile); returns whether one ran.
   bool runCmaLocked(std::unique_lock<std::mutex>& in);
-  void sendControl(FrameType type, uint64_t seq);
+  /// A control frame; a NACK for another call's message carries this rank's signature.
+  void sendControl(FrameType type, uint64_t seq, uint64_t sig = 0);
   void enqueueLocked(Out out);
   bool flushLocked();
   void wakePeerLocked(bool urgent);

@@ -199,6 +199,7 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
       arena_.buffers.push_back(r == rank ? mine_.direct() : theirs_[r].direct());
       arena_.steps.push_back(&h->directStep);
       arena_.calls.push_back(h->directCall);
+      arena_.current.push_back(h->current);
     }
     std::vector<SegmentHeader*> headers;
     for (int r : local) headers.push_back(r == rank ? mine_.header() : theirs_[r].header());

@@ -11,6 +11,7 @@
 
 #include "core/format.hpp"
 #include "core/logging.hpp"
+#include "core/signature.hpp"
 
 namespace loom {
 namespace tcp {
@@ -80,6 +81,7 @@ struct TcpConnection::Stream {
   size_t payloadLen = 0;
   std::shared_ptr<RecvOp> op;
   std::shared_ptr<Unexpected> ux;
+  std::string bye;  // a BYE's reason, arriving
 };
 
 TcpConnection::TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine,
@@ -149,6 +151,7 @@ void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, 
   h.tag = tag;
   h.seq = op->seq;
   h.a = bytes;
+  h.b = req->signature;  // EAGER, RTS and PUSH carry the call they belong to
   Stream& s0 = *streams_[0];
   // Every send consumes the hint meant for it, so that hints for small messages do not pile up.
   const bool hinted = !readyHints_.empty() && takeReadyHintLocked(tag, bytes);
@@ -224,6 +227,18 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
     std::shared_ptr<Unexpected> u = uit->second.front();
     uit->second.pop_front();
     if (uit->second.empty()) unexpected_.erase(uit);
+    if (!signaturesAgree(req->signature, u->hdr.b)) {
+      // A message of another call: this receive fails; an announced one is refused.
+      req->fail(signatureMismatch(peer_, u->hdr.b, rank_, req->signature));
+      if (u->hdr.type == static_cast<uint8_t>(FrameType::Rts)) {
+        sendCtsLocked(u->hdr.seq, false, req->signature);
+        Status st = flush(*streams_[0], lock, kUnlimited);
+        if (!st.ok) failFrom(st, lock);
+      } else if (u->complete) {
+        giveBackLocked(std::move(u->data));
+      }
+      return;
+    }
     if (u->hdr.type == static_cast<uint8_t>(FrameType::Eager) || u->hdr.type == static_cast<uint8_t>(FrameType::Push)) {
       op->bytes = u->hdr.a;
       if (u->complete) {
@@ -315,7 +330,11 @@ void TcpConnection::acceptPushLocked(const FrameHeader& h) {
     pit->second.pop_front();
     if (pit->second.empty()) posted_.erase(pit);
   }
-  if (op && h.a > op->capacity) {
+  if (op && !signaturesAgree(op->req->signature, h.b)) {
+    // Another call's message: that receive fails, the bytes are dropped.
+    op->req->fail(signatureMismatch(peer_, h.b, rank_, op->req->signature));
+    op = std::make_shared<RecvOp>();
+  } else if (op && h.a > op->capacity) {
     // Too large for the receive that matches it: that receive fails, the bytes are dropped.
     op->req->fail(truncation(h.a, *op));
     op = std::make_shared<RecvOp>();
@@ -346,6 +365,11 @@ Status TcpConnection::drainBlockedLocked(std::unique_lock<std::mutex>& lock) {
 }
 
 void TcpConnection::acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<RecvOp>& op) {
+  if (!signaturesAgree(op->req->signature, h.b)) {
+    sendCtsLocked(h.seq, false, op->req->signature);
+    op->req->fail(signatureMismatch(peer_, h.b, rank_, op->req->signature));
+    return;
+  }
   if (h.a > op->capacity) {
     sendCtsLocked(h.seq, false);
     op->req->fail(truncation(h.a, *op));
@@ -361,11 +385,12 @@ void TcpConnection::acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<
   }
 }
 
-void TcpConnection::sendCtsLocked(uint64_t seq, bool accept) {
+void TcpConnection::sendCtsLocked(uint64_t seq, bool accept, uint64_t refusedFor) {
   FrameHeader h;
   h.type = static_cast<uint8_t>(FrameType::Cts);
-  h.flags = accept ? 1 : 0;
+  h.flags = accept ? 1 : (refusedFor != 0 ? 2 : 0);
   h.seq = seq;
+  h.a = refusedFor;
   enqueueLocked(*streams_[0], h, nullptr, 0, nullptr);  // every caller flushes stream 0 next
 }
 
@@ -529,7 +554,11 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       }
       s.inPayload = true;
       s.remaining = s.payloadLen = h.a;
-      if (op && h.a <= op->capacity) {
+      if (op && !signaturesAgree(op->req->signature, h.b)) {
+        op->req->fail(signatureMismatch(peer_, h.b, rank_, op->req->signature));
+        s.sink = Sink::Discard;
+        s.target = nullptr;
+      } else if (op && h.a <= op->capacity) {
         op->bytes = h.a;
         s.sink = Sink::Direct;
         s.target = op->buf;
@@ -556,11 +585,13 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       std::shared_ptr<SendOp> op = it->second;
       awaitingCts_.erase(it);
       if ((h.flags & 1) == 0) {
-        op->req->fail(
-            Status::error(ErrorCode::InvalidUsage,
-                          strFormat("rank %d's matching receive (tag %u) is smaller than this message of %zu bytes",
-                                    peer_, op->tag, op->bytes),
-                          peer_));
+        op->req->fail((h.flags & 2) != 0
+                          ? signatureMismatch(peer_, h.a, rank_, op->req->signature)
+                          : Status::error(ErrorCode::InvalidUsage,
+                                          strFormat("rank %d's matching receive (tag %u) is smaller than this "
+                                                    "message of %zu bytes",
+                                                    peer_, op->tag, op->bytes),
+                                          peer_));
         return Status::success();
       }
       if (op->bytes == 0) {
@@ -571,6 +602,17 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       // Whoever reads this writes what the sockets take at once (flushAllLocked); the send engine
       // is armed for the rest.
       return Status::success();
+    }
+    case FrameType::Bye: {
+      if (!control) return malformed("BYE on a data stream");
+      if (h.a > kMaxByeBytes) return malformed("BYE reason too long");
+      s.inPayload = true;
+      s.remaining = s.payloadLen = h.a;
+      s.bye.assign(h.a, '\0');
+      byeFailed_ = (h.flags & 1) != 0;
+      s.sink = Sink::Bye;
+      s.target = reinterpret_cast<uint8_t*>(&s.bye[0]);
+      return s.remaining == 0 ? finishPayloadLocked(s) : Status::success();
     }
     case FrameType::Ready: {
       if (!control) return malformed("READY on a data stream");
@@ -615,6 +657,16 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
     case Sink::Direct:
       s.op->req->complete(s.op->bytes);
       break;
+    case Sink::Bye: {
+      // The peer's communicator failed: this one fails too, with its reason (failFrom). Destroyed
+      // cleanly: closing quietly when nothing is pending with it.
+      s.sink = Sink::None;
+      s.target = nullptr;
+      return Status::error(
+          ErrorCode::Remote,
+          strFormat("rank %d left the communicator: %s", peer_, s.bye.empty() ? "it was destroyed" : s.bye.c_str()),
+          peer_);
+    }
     case Sink::Unexpected:
       s.ux->complete = true;
       if (s.ux->claimedBy) deliverUnexpectedLocked(*s.ux, *s.ux->claimedBy);
@@ -844,7 +896,7 @@ void TcpConnection::onWritable(int index) noexcept {
 void TcpConnection::failFrom(const Status& st, std::unique_lock<std::mutex>& lock) {
   // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
   // leaves mid-operation fails the communicator.
-  const bool pending = failLocked(st);
+  const bool pending = failLocked(st) || byeFailed_;
   lock.unlock();
   if (pending) {
     LOOM_WARN("%s", st.message.c_str());
@@ -918,7 +970,26 @@ bool TcpConnection::failLocked(const Status& status) {
 
 void TcpConnection::failAll(const Status& status) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!closed_) sayByeLocked(status, failure_->failed());
   failLocked(status);
+}
+
+void TcpConnection::sayByeLocked(const Status& status, bool failed) {
+  Stream& s0 = *streams_[0];
+  // Only between frames: a partly written frame cannot be interrupted.
+  if (s0.writing || !s0.sock.valid() || (!s0.out.empty() && s0.out.front().sent > 0)) return;
+  const std::string reason = status.message.substr(0, kMaxByeBytes);
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::Bye);
+  h.flags = failed ? 1 : 0;
+  h.a = reason.size();
+  uint8_t hdr[kHeaderBytes];
+  encodeHeader(h, hdr);
+  iovec iov[2] = {{hdr, kHeaderBytes}, {const_cast<char*>(reason.data()), reason.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  (void)::sendmsg(s0.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);  // a few bytes: all or nothing in practice
 }
 
 }  // namespace tcp

@@ -130,7 +130,7 @@ class TcpConnection : public Connection {
     uint64_t ahead = 0;    // receives on the tag posted before it and not yet matched
     uint64_t capacity = 0;
   };
-  enum class Sink { None, Direct, Discard, Unexpected, Data };
+  enum class Sink { None, Direct, Discard, Unexpected, Data, Bye };
   struct Stream;
   class ReadHandler;
   class WriteHandler;
@@ -154,7 +154,8 @@ class TcpConnection : public Connection {
   void noteUnattendedLocked(const RequestPtr& req);
   Status onHeaderLocked(Stream& s, const FrameHeader& h);
   Status finishPayloadLocked(Stream& s);
-  void sendCtsLocked(uint64_t seq, bool accept);
+  /// Answers an RTS; a refusal for another call's message carries this rank's signature.
+  void sendCtsLocked(uint64_t seq, bool accept, uint64_t refusedFor = 0);
   void enqueueLocked(Stream& s, const FrameHeader& h, const uint8_t* payload, size_t len, std::shared_ptr<SendOp> op);
   void onSentLocked(OutFrame& f);
   /// Whether a READY hint says the receive that will match this send (tag, bytes, the next
@@ -186,6 +187,9 @@ class TcpConnection : public Connection {
   /// Fails all pending requests (but those a reader or writer holds unlocked) and closes the
   /// sockets; returns whether anything was pending.
   bool failLocked(const Status& status);
+  /// Tells the peer why this side goes (a BYE frame: `failed`, or destroyed cleanly), when stream 0
+  /// is between frames; best effort.
+  void sayByeLocked(const Status& status, bool failed);
   void abandonReadLocked(Stream& s);
   void abandonWritesLocked(Stream& s);
   /// Runs after a failure found on a stream: fails the connection, then the communicator.
@@ -216,6 +220,7 @@ class TcpConnection : public Connection {
   std::optional<Status> peerClosed_;        // every stream saw EOF while a write was in flight
   uint64_t moved_ = 0;                      // bytes read and written, so that poll() can tell progress
   int pollers_ = 0;                         // threads between pollBegin and pollEnd
+  bool byeFailed_ = false;                  // the peer's BYE said its communicator failed
   const std::atomic<int>* const sleepers_;  // the transport's: threads of this rank asleep in a wait
   std::vector<RequestPtr> unattended_;      // pending requests posted outside an attended operation
   std::vector<Buffer> pool_;                // spare buffers for unexpected messages

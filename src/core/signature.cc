@@ -1,0 +1,58 @@
+#include "core/signature.hpp"
+
+#include <algorithm>
+
+#include "core/format.hpp"
+
+namespace loom {
+namespace {
+
+constexpr uint64_t kCountBits = 36, kRootBits = 18;
+constexpr uint64_t kCountMask = (uint64_t{1} << kCountBits) - 1;
+constexpr uint64_t kRootMask = (uint64_t{1} << kRootBits) - 1;
+
+const char* kindName(uint64_t k) {
+  static const char* names[] = {"?",          "all_reduce",     "broadcast",  "reduce",
+                                "all_gather", "reduce_scatter", "all_to_all", "barrier"};
+  return names[k & 7];
+}
+
+}  // namespace
+
+uint64_t makeSignature(SigKind kind, DataType type, ReduceOp op, int root, size_t count) {
+  const bool reduces = kind == SigKind::AllReduce || kind == SigKind::Reduce || kind == SigKind::ReduceScatter;
+  const bool rooted = kind == SigKind::Broadcast || kind == SigKind::Reduce;
+  if (kind == SigKind::Barrier) return uint64_t{7} << 61;
+  const uint64_t k = static_cast<uint64_t>(kind) & 7;
+  const uint64_t t = static_cast<uint64_t>(type) & 15;
+  const uint64_t o = reduces ? static_cast<uint64_t>(op) & 7 : 0;
+  const uint64_t r = rooted ? static_cast<uint64_t>(std::max(root, 0)) & kRootMask : 0;
+  const uint64_t c = std::min<uint64_t>(count, kCountMask);
+  return k << 61 | t << 57 | o << 54 | r << kCountBits | c;
+}
+
+std::string describeSignature(uint64_t sig) {
+  const uint64_t k = sig >> 61;
+  if (k == 0) return "a point-to-point message";
+  if (k == 7) return "barrier";
+  const auto type = static_cast<DataType>((sig >> 57) & 15);
+  const auto op = static_cast<ReduceOp>((sig >> 54) & 7);
+  const uint64_t root = (sig >> kCountBits) & kRootMask, count = sig & kCountMask;
+  const bool reduces = k == 1 || k == 3 || k == 5;
+  const bool rooted = k == 2 || k == 3;
+  std::string s = strFormat("%s of %llu %s", kindName(k), static_cast<unsigned long long>(count),
+                            static_cast<int>(type) <= static_cast<int>(DataType::Bfloat16) ? toString(type) : "?");
+  if (rooted) s += strFormat(" %s rank %llu", k == 2 ? "from" : "to", static_cast<unsigned long long>(root));
+  if (reduces) s += strFormat(" (%s)", static_cast<int>(op) <= static_cast<int>(ReduceOp::Avg) ? toString(op) : "?");
+  return s;
+}
+
+Status signatureMismatch(int peer, uint64_t theirs, int me, uint64_t mine) {
+  return Status::error(ErrorCode::InvalidUsage,
+                       strFormat("rank %d called %s where rank %d called %s: the ranks must call the same "
+                                 "collectives in the same order, with the same counts, datatypes, ops and roots",
+                                 peer, describeSignature(theirs).c_str(), me, describeSignature(mine).c_str()),
+                       peer);
+}
+
+}  // namespace loom
