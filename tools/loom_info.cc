@@ -4,15 +4,29 @@
 //                      from), and every LOOM_* tunable with its current value
 //   loom-info --algos  the cost model's algorithm per size and world size
 //   loom-info --links  inside a job: the transport chosen for every pair of ranks
+//   loom-info --dump [--pid PID] [--comm N]
+//                      a live job's flight records and hang report: asks every rank through the
+//                      job's rendezvous store (ranks waiting in Loom answer within a second) and
+//                      prints what each did last; the job is found from this environment or from
+//                      rank process PID's (same host)
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bootstrap/auth.hpp"
 #include "bootstrap/launcher_env.hpp"
+#include "bootstrap/tcp_store.hpp"
 #include "collectives/select.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/param.hpp"
+#include "core/signature.hpp"
 #include "core/topology.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/loom.h"
@@ -114,14 +128,84 @@ int printLinks() {
   return 0;
 }
 
+// The environment of process `pid` (/proc/PID/environ), as an EnvLookup.
+loom::EnvLookup environOf(int pid) {
+  auto vars = std::make_shared<std::map<std::string, std::string>>();
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  if (!in) throw loom::Error(loom::ErrorCode::InvalidArgument, "cannot read /proc/" + std::to_string(pid) + "/environ");
+  std::string item;
+  while (std::getline(in, item, '\0')) {
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) (*vars)[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return [vars](const char* name) -> const char* {
+    auto it = vars->find(name);
+    return it == vars->end() ? nullptr : it->second.c_str();
+  };
+}
+
+// Asks a live job for its ranks' flight records and prints them with the hang report.
+int printDump(int pid, int comm) {
+  const loom::LaunchInfo info = loom::detectLaunch(pid > 0 ? environOf(pid) : loom::processEnv());
+  auto base =
+      std::make_shared<loom::TcpStoreClient>(info.masterAddr, info.masterPort, loom::deriveJobKey(info.jobKeySeed), -1,
+                                             loom::Deadline(std::chrono::seconds(10)), std::chrono::seconds(10));
+  loom::PrefixStore store("env-" + std::to_string(comm), base);
+  const int64_t request = store.add("dump/request", 1);
+  std::map<int, std::vector<loom::FlightEntry>> records;
+  for (int tries = 0; tries < 30 && static_cast<int>(records.size()) < info.size; ++tries) {
+    for (int r = 0; r < info.size; ++r) {
+      if (records.count(r) != 0) continue;
+      if (auto v = store.tryGet("flight/" + std::to_string(r))) {
+        const std::string text(v->begin(), v->end());
+        const size_t nl = text.find('\n');
+        if (nl != std::string::npos && std::atoll(text.substr(0, nl).c_str()) >= request)
+          records[r] = loom::parseFlight(text.substr(nl + 1));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::printf("# flight records of %zu of %d ranks (job at %s:%d, communicator %d)\n", records.size(), info.size,
+              info.masterAddr.c_str(), info.masterPort, comm);
+  std::map<int64_t, int> running;
+  for (const auto& [r, entries] : records) {
+    std::printf("rank %d:\n", r);
+    const size_t from = entries.size() > 8 ? entries.size() - 8 : 0;
+    for (size_t i = from; i < entries.size(); ++i) {
+      const auto& e = entries[i];
+      const char* state = e.state == loom::FlightEntry::State::Running  ? "running"
+                          : e.state == loom::FlightEntry::State::Done   ? "done"
+                          : e.state == loom::FlightEntry::State::Failed ? "failed"
+                                                                        : "queued";
+      std::printf("  #%-6lld %-8s %-40s %-8s", static_cast<long long>(e.seq), state,
+                  loom::describeSignature(e.sig).c_str(), e.algo.c_str());
+      if (e.startAge >= 0) std::printf(" started %.1f s ago", e.startAge);
+      if (e.endAge >= 0) std::printf(", ended %.1f s ago", e.endAge);
+      std::printf("\n");
+      if (e.state == loom::FlightEntry::State::Running) ++running[e.seq];
+    }
+  }
+  if (running.empty()) {
+    std::printf("# no rank that answered is inside a collective; ranks that did not answer are not waiting in Loom\n");
+  } else {
+    int64_t seq = running.begin()->first;
+    for (const auto& [s, n] : running)
+      if (n > running[seq]) seq = s;
+    std::printf("%s\n", loom::hangReport(info.size, records, seq).c_str());
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
     std::printf(
-        "usage: loom-info [--env | --algos | --links]\n"
+        "usage: loom-info [--env | --algos | --links | --dump [--pid PID] [--comm N]]\n"
         "  (no argument)  this host: identity, NUMA nodes, cores, NICs, GPUs, transports built in\n"
         "  --env          the launch detected from the environment, and every LOOM_ setting\n"
         "  --algos        the algorithm the cost model picks per size and world size\n"
-        "  --links        inside a job (loomrun -n 4 loom-info --links): the transport of every pair\n");
+        "  --links        inside a job (loomrun -n 4 loom-info --links): the transport of every pair\n"
+        "  --dump         a live job's flight records and hang report, found from this environment or\n"
+        "                 from rank process PID's (--pid); --comm N: the job's N-th communicator (0)\n");
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "--env") == 0) {
@@ -137,6 +221,19 @@ int main(int argc, char** argv) {
       return printLinks();
     } catch (const loom::Error& e) {
       std::fprintf(stderr, "loom-info --links: %s\n", e.what());
+      return 1;
+    }
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--dump") == 0) {
+    int pid = 0, comm = 0;
+    for (int a = 2; a + 1 < argc; a += 2) {
+      if (std::strcmp(argv[a], "--pid") == 0) pid = std::atoi(argv[a + 1]);
+      if (std::strcmp(argv[a], "--comm") == 0) comm = std::atoi(argv[a + 1]);
+    }
+    try {
+      return printDump(pid, comm);
+    } catch (const loom::Error& e) {
+      std::fprintf(stderr, "loom-info --dump: %s\n", e.what());
       return 1;
     }
   }

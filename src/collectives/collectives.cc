@@ -68,7 +68,7 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
   const Algo algo = chooseAlgo(c, kind, bytes);
   const uint64_t sig = makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
   auto body = [&c, kind, a, algo, sig](int64_t seq) {
-    c.enterCall(seq, sig);
+    c.enterCall(seq, sig, coll::algoName(algo));
     coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo), sig);
     switch (kind) {
       case Coll::AllReduce:
@@ -93,8 +93,8 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
         return coll::allToAllPairwise(ctx, a);
     }
   };
-  if (async) return Work(c.submit(coll::collName(kind), body));
-  c.run(coll::collName(kind), body);
+  if (async) return Work(c.submit(coll::collName(kind), body, sig));
+  c.run(coll::collName(kind), body, sig);
   return Work();
 }
 

@@ -72,7 +72,13 @@ void Context::wait(const RequestPtr& r) {
   try {
     r->wait();
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::InvalidUsage) throw;
+    if (e.code() != ErrorCode::InvalidUsage) {
+      // A link that failed or a peer that left: say in which collective this rank learnt it.
+      const std::string where = strFormat("%s #%lld", name_, static_cast<long long>(seq_));
+      if (e.message().find(where) != std::string::npos) throw;
+      throw Status::error(e.code(), strFormat("%s (%s): %s", where.c_str(), algo_, e.message().c_str()), e.peer(), seq_)
+          .toError(comm_.rank());
+    }
     // A message of another call (its signature), or larger than the algorithm's receive: the ranks
     // disagree about this collective.
     const bool named = e.message().find(" called ") != std::string::npos;
@@ -84,7 +90,7 @@ void Context::wait(const RequestPtr& r) {
                                         "datatypes"),
                       e.peer(), seq_);
     comm_.failureState()->fail(s);
-    throw s.toError(rank());
+    throw s.toError(comm_.rank());
   }
   if (r->expectBytes != SIZE_MAX && r->bytes() != r->expectBytes) {
     Status s = Status::error(
@@ -94,7 +100,7 @@ void Context::wait(const RequestPtr& r) {
                   name_, static_cast<long long>(seq_), r->peer(), r->bytes(), r->expectBytes),
         r->peer(), seq_);
     comm_.failureState()->fail(s);
-    throw s.toError(rank());
+    throw s.toError(comm_.rank());
   }
 }
 

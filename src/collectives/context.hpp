@@ -47,6 +47,11 @@ class Context {
   const char* name() const { return name_; }
   /// The call's signature (core/signature.hpp), 0 for internal exchanges.
   uint64_t signature() const { return sig_; }
+  /// The hang report for this collective (CommImpl::diagnose), for an algorithm's own timeouts.
+  std::string diagnose() const { return comm_.diagnose(); }
+  /// What a long wait does now and then (CommImpl::check): answers dump requests, finds peers in
+  /// another call.
+  void check() const { comm_.check(); }
 
   /// Messages of this collective on `channel` (0 to kMaxChannels-1): each channel has its own tag.
   RequestPtr send(int peer, const void* p, size_t bytes, int channel = 0);

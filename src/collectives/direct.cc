@@ -54,6 +54,7 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
       }
       std::this_thread::yield();
       if ((spins & 255) != 0) continue;
+      c.check();  // answers a dump request (loom-info --dump, a timed-out peer) now and then
       if (comm.failureState()->failed()) throw comm.failureState()->first().toError(comm.rank());
       // A peer in another call with this one's number will never reach our step: say so.
       if (Status m = comm.localCallMismatch(c.seq(), c.signature()); !m.ok) {
@@ -74,12 +75,14 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
         }
       }
       if (Clock::now() > deadline) {
+        const std::string report = c.diagnose();
         Status s = Status::error(
             ErrorCode::Timeout,
-            strFormat("%s #%lld (direct): rank %d did not reach step %llu of the shared-memory all-reduce within "
-                      "%.0f s: it may have stopped, hung or called a different collective (LOOM_TIMEOUT)",
-                      c.name(), static_cast<long long>(c.seq()), ar.ranks[p], static_cast<unsigned long long>(target),
-                      static_cast<double>(comm.timeout().count()) / 1000.0),
+            strFormat("%s #%lld (direct): timed out after %.1f s waiting for rank %d to reach step %llu of the "
+                      "shared-memory exchange: it may have stopped, hung or called a different collective "
+                      "(LOOM_TIMEOUT sets the deadline)%s%s",
+                      c.name(), static_cast<long long>(c.seq()), static_cast<double>(comm.timeout().count()) / 1000.0,
+                      ar.ranks[p], static_cast<unsigned long long>(target), report.empty() ? "" : "\n", report.c_str()),
             ar.ranks[p], c.seq());
         comm.failureState()->fail(s);
         throw s.toError(comm.rank());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "collectives/plan.hpp"
 #include "core/format.hpp"
@@ -339,26 +340,41 @@ RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uin
   return postRecv(peer, buf, bytes, tag, l);
 }
 
-RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)> body) {
+RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)> body, uint64_t sig) {
   checkOk();
   const int64_t seq = nextSeq_.fetch_add(1);
   auto done = std::make_shared<Request>(rank_, -1, strFormat("%s #%lld", what.c_str(), static_cast<long long>(seq)),
                                         timeout_, failure_);
+  flight_.queued(seq, sig);
   queue_->submit(done, [this, body = std::move(body), seq] {
     AttendScope attend(progress_);
-    body(seq);
+    try {
+      body(seq);
+    } catch (...) {
+      flight_.finished(seq, false);
+      throw;
+    }
+    flight_.finished(seq, true);
   });
   return done;
 }
 
-void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& body) {
+void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& body, uint64_t sig) {
   checkOk();
   // Inline only when idle; the sequence number is taken inside so that it follows call order.
   bool ran = queue_->runInlineIfIdle([&] {
     AttendScope attend(progress_);
-    body(nextSeq_.fetch_add(1));
+    const int64_t seq = nextSeq_.fetch_add(1);
+    flight_.queued(seq, sig);
+    try {
+      body(seq);
+    } catch (...) {
+      flight_.finished(seq, false);
+      throw;
+    }
+    flight_.finished(seq, true);
   });
-  if (!ran) submit(what, body)->wait();
+  if (!ran) submit(what, body, sig)->wait();
 }
 
 bool CommImpl::pollPeer(int peer) noexcept {
@@ -383,7 +399,8 @@ void CommImpl::attend(bool on) noexcept {
   for (auto& t : transports_) t->attend(on);
 }
 
-void CommImpl::enterCall(int64_t seq, uint64_t sig) {
+void CommImpl::enterCall(int64_t seq, uint64_t sig, const char* algo) {
+  flight_.running(seq, sig, algo);
   currentSig_.store(sig, std::memory_order_relaxed);
   currentSeq_.store(seq, std::memory_order_release);
   if (const LocalArena* a = arena())
@@ -407,12 +424,67 @@ Status CommImpl::localCallMismatch(int64_t seq, uint64_t sig) const {
 }
 
 void CommImpl::check() noexcept {
+  // About once a second of sleeping: answer a dump request (a timed-out peer, or loom-info --dump)
+  // with this rank's flight record.
+  const int64_t now = Clock::now().time_since_epoch().count();
+  int64_t last = lastDumpPoll_.load(std::memory_order_relaxed);
+  if (now - last >= std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(1)).count() &&
+      lastDumpPoll_.compare_exchange_strong(last, now)) {
+    try {
+      answerDumpRequests();
+    } catch (...) {
+      // The store is gone (rank 0 left): nothing to answer.
+    }
+  }
   const int64_t seq = currentSeq_.load(std::memory_order_acquire);
   if (seq < 0 || failure_->failed()) return;
   Status s = localCallMismatch(seq, currentSig_.load(std::memory_order_relaxed));
   if (s.ok) return;
   s.message = strFormat("collective #%lld: %s", static_cast<long long>(seq), s.message.c_str());
   failure_->fail(s);
+}
+
+std::string CommImpl::diagnose() noexcept {
+  const int64_t seq = currentSeq_.load(std::memory_order_acquire);
+  if (seq < 0) return "";
+  try {
+    return hangReport(seq, std::chrono::milliseconds(2500));
+  } catch (const std::exception& e) {
+    return std::string("no hang report: ") + e.what();
+  }
+}
+
+void CommImpl::answerDumpRequests() {
+  // Requests are numbered by the store's counter; a record answers every request up to its number.
+  const int64_t wanted = access_.store->add("dump/request", 0);
+  std::lock_guard<std::mutex> lock(dumpMu_);
+  if (wanted <= answeredDump_) return;
+  access_.store->setString("flight/" + std::to_string(rank_), std::to_string(wanted) + "\n" + flight_.serialize());
+  answeredDump_ = wanted;
+}
+
+std::string CommImpl::hangReport(int64_t seq, std::chrono::milliseconds waitFor) {
+  // Ask every rank for its record (sleeping waiters look about once a second, and ranks that are
+  // asking too answer here), then take what has come when the time is up.
+  const int64_t request = access_.store->add("dump/request", 1);
+  std::map<int, std::vector<FlightEntry>> records;
+  const Deadline deadline(waitFor);
+  for (;;) {
+    answerDumpRequests();
+    for (int r = 0; r < size_; ++r) {
+      if (records.count(r) != 0) continue;
+      if (auto v = access_.store->tryGet("flight/" + std::to_string(r))) {
+        // Only answers to this request or a later one: an older record may be stale.
+        const std::string text(v->begin(), v->end());
+        const size_t nl = text.find('\n');
+        if (nl != std::string::npos && std::atoll(text.substr(0, nl).c_str()) >= request)
+          records[r] = parseFlight(text.substr(nl + 1));
+      }
+    }
+    if (static_cast<int>(records.size()) == size_ || deadline.expired()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return loom::hangReport(size_, records, seq);
 }
 
 void CommImpl::waiting(bool on) noexcept {
@@ -432,7 +504,7 @@ uint8_t* CommImpl::scratch(size_t bytes, int slot) {
 void CommImpl::barrierBody(int64_t seq) {
   const uint32_t tag = collectiveTag(seq);
   const uint64_t sig = makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0);
-  enterCall(seq, sig);
+  enterCall(seq, sig, "dissemination");
   uint8_t token = 0, sink = 0;
   for (const auto& round : planDisseminationBarrier(rank_, size_)) {
     Label in, out;

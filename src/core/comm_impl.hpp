@@ -12,11 +12,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bootstrap/rendezvous.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/op_queue.hpp"
 #include "core/progress_engine.hpp"
 #include "core/request.hpp"
@@ -63,9 +65,10 @@ class CommImpl : public Progressable {
   RequestPtr irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag);
 
   // ---- Collectives. `body` runs on the op queue with the collective's sequence number. ----
-  RequestPtr submit(const std::string& what, std::function<void(int64_t seq)> body);
+  /// `sig` is the call's signature (core/signature.hpp) for the flight recorder, 0 for internal calls.
+  RequestPtr submit(const std::string& what, std::function<void(int64_t seq)> body, uint64_t sig = 0);
   /// Runs a collective and waits for it (inline when the queue is idle).
-  void run(const std::string& what, const std::function<void(int64_t seq)>& body);
+  void run(const std::string& what, const std::function<void(int64_t seq)>& body, uint64_t sig = 0);
   void barrierBody(int64_t seq);
 
   // ---- For algorithms: byte-level messages on the collective tag space. ----
@@ -92,10 +95,20 @@ class CommImpl : public Progressable {
 
   /// A collective starts on this rank: its sequence number and signature, published to the
   /// node's peers (the shared arena) so that a peer in another call is named, not waited for.
-  void enterCall(int64_t seq, uint64_t sig);
+  void enterCall(int64_t seq, uint64_t sig, const char* algo);
   /// The first local peer in collective `seq` with a signature other than `sig`, as an error;
   /// success when there is none (or no shared arena).
   Status localCallMismatch(int64_t seq, uint64_t sig) const;
+
+  // ---- Hang diagnosis (core/flight_recorder.hpp). ----
+  /// Gathers the ranks' flight records through the store (those waiting in Loom answer within a
+  /// second or two) and returns the report for the collective this rank is in ("" when none).
+  std::string diagnose() noexcept override;
+  /// The report for collective `seq` from whatever records answer within `waitFor`.
+  std::string hangReport(int64_t seq, std::chrono::milliseconds waitFor);
+  const FlightRecorder& flightRecorder() const { return flight_; }
+  /// Publishes this rank's record if a dump was requested since it last did (store counter).
+  void answerDumpRequests();
 
   // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
   int nodeCount() const { return static_cast<int>(nodeRanks_.size()); }
@@ -154,6 +167,10 @@ class CommImpl : public Progressable {
   std::atomic<int64_t> nextSeq_{0};
   std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
   std::atomic<int64_t> currentSeq_{-1};  // the collective this rank is in (enterCall)
+  FlightRecorder flight_;
+  std::atomic<int64_t> lastDumpPoll_{0};  // when check() last looked for a dump request (Clock ticks)
+  std::mutex dumpMu_;
+  int64_t answeredDump_ = 0;  // the last dump request this rank answered (the store's counter)
   std::atomic<uint64_t> currentSig_{0};
   std::atomic<bool> aborted_{false};
   std::vector<uint8_t> scratch_[kScratchSlots];

@@ -8,6 +8,7 @@
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
+#include "core/signature.hpp"
 
 namespace loom {
 
@@ -200,11 +201,15 @@ void Communicator::recv(void* buf, size_t count, DataType type, int peer, uint32
 
 Work Communicator::ibarrier() {
   auto& c = live(impl_);
-  return Work(c.submit("barrier", [&c](int64_t seq) { c.barrierBody(seq); }));
+  const uint64_t sig = makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0);
+  return Work(c.submit(
+      "barrier", [&c](int64_t seq) { c.barrierBody(seq); }, sig));
 }
 void Communicator::barrier() {
   auto& c = live(impl_);
-  c.run("barrier", [&c](int64_t seq) { c.barrierBody(seq); });
+  c.run(
+      "barrier", [&c](int64_t seq) { c.barrierBody(seq); },
+      makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0));
 }
 
 }  // namespace loom

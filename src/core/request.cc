@@ -221,11 +221,15 @@ void Request::wait() { wait(timeout_); }
 void Request::wait(std::chrono::milliseconds timeout) {
   Deadline deadline(timeout);
   if (!waitUntil(deadline.at())) {
+    // What every rank is doing, where they answer (the flight records, core/flight_recorder.hpp).
+    // (Only for a collective's messages: a point-to-point wait is no collective's.)
+    const bool collective = label_.has_value() && label_->coll != nullptr;
+    const std::string report = progress_ && collective && !done() ? progress_->diagnose() : std::string();
     Status s = Status::error(
         ErrorCode::Timeout,
         strFormat("timed out after %.1f s waiting for %s: the peer may have stopped, hung or called a different "
-                  "operation (LOOM_TIMEOUT sets the deadline)",
-                  deadline.totalSeconds(), what().c_str()),
+                  "operation (LOOM_TIMEOUT sets the deadline)%s%s",
+                  deadline.totalSeconds(), what().c_str(), report.empty() ? "" : "\n", report.c_str()),
         peer_);
     if (failure_) failure_->fail(s);  // fails every pending request of the communicator, this one too
     fail(s);

@@ -59,6 +59,8 @@ class Progressable {
   /// Called now and then by a thread that has waited a while: looks for what would make the wait
   /// hopeless (a peer of this node in another collective call) and fails the communicator then.
   virtual void check() noexcept = 0;
+  /// For a wait that timed out: a report of what every rank is doing ("" when there is none).
+  virtual std::string diagnose() noexcept = 0;
 };
 
 /// Lets a waiting thread drive its communicator's connections (see Connection::poll). Shared by
@@ -94,6 +96,10 @@ class ProgressHook {
   void check() {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (target_ != nullptr) target_->check();
+  }
+  std::string diagnose() {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    return target_ != nullptr ? target_->diagnose() : std::string();
   }
   void detach() {
     std::unique_lock<std::shared_mutex> lock(mu_);

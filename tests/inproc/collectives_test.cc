@@ -435,3 +435,41 @@ TEST_P(Mismatch, DifferentCallsFailEveryRankSayingWhoCalledWhat) {
     }
   }
 }
+
+// A rank that never enters a collective the others wait in: at the deadline each waiting rank's
+// error carries the hang report gathered from every rank's flight record, naming the rank that
+// is missing and what it did last. (Rank 2 sits in a receive nobody answers: asleep in a Loom
+// wait, it answers the request for its record.)
+class HangReport : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Links, HangReport, ::testing::Values("shm", "tcp"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST_P(HangReport, NamesTheRankThatHasNotEnteredTheCollective) {
+  loomtest::TransportSetup links(GetParam());
+  loom::Options o;
+  o.timeout = std::chrono::seconds(4);
+  auto results = loomtest::runRanks(
+      4,
+      [&](loom::Communicator& c) {
+        std::vector<float> v(1024, 1.0f);
+        c.broadcast(v.data(), v.data(), v.size(), DataType::Float32, 3);  // #0, every rank
+        if (c.rank() == 2) {
+          int x = 0;
+          c.irecv(&x, 1, DataType::Int32, 0, 99).wait(std::chrono::seconds(30));  // never sent
+          return;
+        }
+        c.allReduce(v.data(), v.data(), v.size(), DataType::Float32, ReduceOp::Sum);  // #1, rank 2 missing
+      },
+      o, std::chrono::seconds(60));
+  for (int r : {0, 1, 3}) {
+    const std::string& e = results[static_cast<size_t>(r)].error;
+    EXPECT_NE(e.find("hang report for all_reduce #1 of 1024 float32 (sum)"), std::string::npos) << r << ": " << e;
+    EXPECT_NE(e.find("rank 2 has not entered all_reduce #1; its last completed op is broadcast #0"), std::string::npos)
+        << r << ": " << e;
+  }
+  // The report says who waits (all three, or those that had not timed out yet when asked).
+  bool waiters = false;
+  for (int r : {0, 1, 3})
+    waiters = waiters || results[static_cast<size_t>(r)].error.find("waiting in it since") != std::string::npos;
+  EXPECT_TRUE(waiters);
+}

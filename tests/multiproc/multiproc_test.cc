@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -410,4 +412,117 @@ TEST(RealLaunchers, OpenMpiMpirun) {
       120, &out);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("rank 1 received tensor [1, 1, 1, 1, 1, 1, 1, 1, 1, 1] from rank 0"), std::string::npos) << out;
+}
+
+// ---- Faults: a rank killed, stopped, or never entering a collective. ----
+
+namespace {
+
+int countOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Starts n loop workers (all-reduces of 4 MiB until one fails) and waits until rank `watch` loops.
+std::vector<Proc> startLooping(int n, int watch, const Env& extra) {
+  const std::string port = std::to_string(freePort());
+  std::vector<Proc> procs;
+  for (int r = 0; r < n; ++r) {
+    Env e = torchEnv(r, n, port);
+    for (const auto& [k, v] : extra) e[k] = v;
+    procs.push_back(start({path("LOOM_TEST_WORKER"), "loop"}, e));
+  }
+  for (int i = 0; i < 300; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream f(procs[static_cast<size_t>(watch)].outFile);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (ss.str().find("looping") != std::string::npos) break;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  return procs;
+}
+
+}  // namespace
+
+// A rank killed in the middle of an all-reduce over TCP: every survivor fails within seconds (the
+// connection's end, or a peer's word), naming the dead rank.
+TEST(Faults, SigkillOverTcpIsNamedWithinSeconds) {
+  const int n = 4, victim = 2;
+  auto procs = startLooping(n, victim, {{"LOOM_TRANSPORT", "tcp"}});
+  const auto killedAt = std::chrono::steady_clock::now();
+  kill(procs[victim].pid, SIGKILL);
+  for (int r = 0; r < n; ++r) {
+    std::string out;
+    const int rc = finish(procs[static_cast<size_t>(r)], 30, &out);
+    if (r == victim) continue;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - killedAt).count();
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_LT(secs, 10.0) << "rank " << r << " took " << secs << " s:\n" << out;
+    EXPECT_NE(out.find("rank 2"), std::string::npos) << out;
+    EXPECT_NE(out.find("all_reduce"), std::string::npos) << out;
+    std::printf("[ fault    ] SIGKILL over TCP: rank %d failed after %.2f s: %s", r, secs,
+                out.substr(out.find("failed:")).c_str());
+  }
+}
+
+// A stopped rank (SIGSTOP) keeps its connections open: the others time out, and the error carries
+// the hang report, which names the rank that did not answer.
+TEST(Faults, SigstopIsATimeoutWhoseReportNamesTheStoppedRank) {
+  const int n = 4, victim = 1;
+  auto procs = startLooping(n, victim, {{"LOOM_TIMEOUT", "4"}});
+  const auto stoppedAt = std::chrono::steady_clock::now();
+  kill(procs[victim].pid, SIGSTOP);
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    std::string out;
+    const int rc = finish(procs[static_cast<size_t>(r)], 40, &out);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - stoppedAt).count();
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_LT(secs, 15.0) << out;
+    // The first rank to time out explains; the others may report its failure instead.
+    EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
+    if (out.find("hang report") != std::string::npos) {
+      EXPECT_NE(out.find("rank 1 did not answer"), std::string::npos) << out;
+    }
+    std::printf("[ fault    ] SIGSTOP: rank %d failed after %.2f s: %s", r, secs,
+                out.substr(out.find("failed:")).c_str());
+  }
+  kill(procs[victim].pid, SIGKILL);
+  finish(procs[victim], 10, nullptr);
+}
+
+// A rank busy outside Loom while the others wait in a collective: loom-info --dump, run by hand
+// against the live job, prints who waits and who did not answer; at the deadline, each waiting
+// rank's error carries the same report.
+TEST(Faults, HangIsExplainedOnDemandAndAtTheDeadline) {
+  Proc job = start({path("LOOMRUN"), "-n", "4", path("LOOM_TEST_WORKER"), "hang"},
+                   {{"HANG_RANK", "2"}, {"LOOM_TIMEOUT", "8"}});
+  for (int i = 0; i < 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream f(job.outFile);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (countOf(ss.str(), "hanging") == 4) break;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // A rank's process, for loom-info to find the job from.
+  std::string pid;
+  {
+    FILE* p = popen("pgrep -n -x loom_mp_worker", "r");
+    char buf[32] = {0};
+    if (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) pid = std::string(buf, std::strcspn(buf, "\n"));
+    if (p != nullptr) pclose(p);
+  }
+  ASSERT_FALSE(pid.empty());
+  std::string dump;
+  EXPECT_EQ(finish(start({path("LOOM_INFO"), "--dump", "--pid", pid}, {}), 30, &dump), 0) << dump;
+  EXPECT_NE(dump.find("hang report for all_reduce #1 of 1024 float32 (sum)"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("rank 2 did not answer"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("ranks 0-1,3 are waiting in it since"), std::string::npos) << dump;
+  std::string out;
+  EXPECT_NE(finish(job, 60, &out), 0);
+  EXPECT_NE(out.find("timed out after 8"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 2 did not answer"), std::string::npos) << out;
 }

@@ -5,6 +5,8 @@
 //   collectives all-reduce, broadcast and all-gather of 8 B to 8 MiB, checked; prints each link
 //   loop       all-reduces of 4 MiB until one fails (a peer killed meanwhile); prints the error
 //   threads    prints the CPUs each thread of the process may run on (progress-thread binding)
+//   hang       a broadcast, then every rank but HANG_RANK all-reduces while HANG_RANK sleeps
+//              outside Loom (prints "hanging"); each prints the error it gets, then exits 1
 // With NO_CMA_SECCOMP=1 the process first installs a seccomp filter that makes process_vm_readv
 // fail with EPERM, as container runtimes' default profiles do.
 #include <dirent.h>
@@ -133,6 +135,18 @@ int main(int argc, char** argv) {
     if (scenario == "collectives") return collectives(c);
     if (scenario == "loop") return loop(c);
     if (scenario == "threads") return threads(c);
+    if (scenario == "hang") {
+      std::vector<float> v(1024, 1.0f);
+      c.broadcast(v.data(), v.data(), v.size(), loom::DataType::Float32, 0);
+      std::printf("hanging\n");
+      std::fflush(stdout);
+      if (c.rank() == std::atoi(std::getenv("HANG_RANK"))) {
+        sleep(600);
+        return 0;
+      }
+      c.allReduce(v.data(), v.data(), v.size(), loom::DataType::Float32, loom::ReduceOp::Sum);
+      return 0;
+    }
     if (const char* r = std::getenv("EXPECT_RANK"); r != nullptr && std::atoi(r) != c.rank()) {
       std::fprintf(stderr, "rank %d, expected %s\n", c.rank(), r);
       return 3;

@@ -659,9 +659,14 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
       break;
     case Sink::Bye: {
       // The peer's communicator failed: this one fails too, with its reason (failFrom). Destroyed
-      // cleanly: closing quietly when nothing is pending with it.
+      // cleanly: its last messages may still be arriving on other streams, so the word is kept for
+      // when every stream has ended (closedByPeerLocked), as with a plain end of file.
       s.sink = Sink::None;
       s.target = nullptr;
+      if (!byeFailed_) {
+        byeReason_ = s.bye.empty() ? "it was destroyed" : s.bye;
+        return Status::success();
+      }
       return Status::error(
           ErrorCode::Remote,
           strFormat("rank %d left the communicator: %s", peer_, s.bye.empty() ? "it was destroyed" : s.bye.c_str()),
@@ -868,7 +873,10 @@ Status TcpConnection::closedByPeerLocked() {
     if (!x->eof) return Status::success();
   Status st = Status::error(
       ErrorCode::Remote,
-      strFormat("rank %d closed its connection (it exited, crashed or destroyed its communicator)", peer_), peer_);
+      byeReason_.empty()
+          ? strFormat("rank %d closed its connection (it exited, crashed or destroyed its communicator)", peer_)
+          : strFormat("rank %d left the communicator: %s", peer_, byeReason_.c_str()),
+      peer_);
   // A writer in sendmsg may have delivered its last frame without having recorded it yet: judge
   // whether anything is pending only once it has (see flush).
   if (anyWritingLocked()) {

@@ -221,6 +221,7 @@ class TcpConnection : public Connection {
   uint64_t moved_ = 0;                      // bytes read and written, so that poll() can tell progress
   int pollers_ = 0;                         // threads between pollBegin and pollEnd
   bool byeFailed_ = false;                  // the peer's BYE said its communicator failed
+  std::string byeReason_;                   // a clean BYE's word, kept for when its streams end
   const std::atomic<int>* const sleepers_;  // the transport's: threads of this rank asleep in a wait
   std::vector<RequestPtr> unattended_;      // pending requests posted outside an attended operation
   std::vector<Buffer> pool_;                // spare buffers for unexpected messages
