@@ -2,6 +2,7 @@
 //
 //   loomrun -n 4 PROGRAM ARGS...                       4 ranks on this host, free port picked
 //   loomrun --nnodes 2 --node-rank 0 --master-addr head --master-port 29500 -n 8 PROGRAM...
+//   loomrun -n 4 --keep-going PROGRAM...               survivors of a failed rank go on
 //
 // Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 // MASTER_PORT and LOOM_JOB_KEY (a random secret on one node; on several nodes, --job-key or
@@ -44,6 +45,7 @@ struct Options {
   bool prefix = true;
   int graceSeconds = 5;
   std::string bind = "auto";  // auto, core, none
+  bool keepGoing = false;     // a failed rank does not stop the others
   int rankOffset = -1;        // first rank on this host (default nodeRank * nproc)
   int worldSize = -1;         // default nproc * nnodes
   std::vector<std::string> command;
@@ -83,7 +85,9 @@ void onSignal(int sig) {
                "                          core when the ranks are no more than the CPUs, else none\n"
                "  --rank-offset B         first rank on this host, for hosts with different rank counts\n"
                "                          (default: node rank x ranks per host)\n"
-               "  --world-size W          ranks in the whole job (default: hosts x ranks per host)\n");
+               "  --world-size W          ranks in the whole job (default: hosts x ranks per host)\n"
+               "  --keep-going            a rank that fails does not stop the others (for jobs that recover\n"
+               "                          with Communicator::shrink); the first failure is still the status\n");
   std::exit(code);
 }
 
@@ -127,6 +131,8 @@ Options parse(int argc, char** argv) {
       o.prefix = false;
     else if (a == "--grace")
       o.graceSeconds = parseInt("--grace", value("--grace"), 0, 3600);
+    else if (a == "--keep-going")
+      o.keepGoing = true;
     else if (a == "--rank-offset")
       o.rankOffset = parseInt("--rank-offset", value("--rank-offset"), 0, 1 << 24);
     else if (a == "--world-size")
@@ -356,7 +362,11 @@ int main(int argc, char** argv) {
           } else {
             std::snprintf(why, sizeof(why), "rank %d exited with status %d", r.rank, code);
           }
-          stopAll(why);
+          if (o.keepGoing) {
+            std::fprintf(stderr, "loomrun: %s; the others go on (--keep-going)\n", why);
+          } else {
+            stopAll(why);
+          }
         }
       }
     }

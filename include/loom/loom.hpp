@@ -269,8 +269,14 @@ class Communicator {
   // ---- Lifetime and errors. ----
 
   /// Fails every pending and later operation with ErrorCode::Aborted and closes connections.
-  /// Any thread; safe to call more than once.
+  /// Any thread; safe to call more than once, and alongside the destructor of another handle.
   void abort();
+  /// After a failure (a rank died, or stopped and timed out): a new communicator of the ranks that
+  /// are still here, renumbered in their old order. Every survivor calls it; the ranks that have
+  /// not called it within `wait` (default 5 s) are left out. It meets through the rendezvous store
+  /// of this communicator, so rank 0 (which hosts it) must be among the survivors; if it is not,
+  /// this throws and the job must restart. This communicator stays failed; destroy it after.
+  Communicator shrink(std::chrono::milliseconds wait = std::chrono::seconds(5));
   /// Throws the error that marked the communicator failed, if any.
   void checkError() const;
   /// The default deadline of waits on this communicator.

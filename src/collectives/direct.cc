@@ -62,14 +62,15 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
         comm.failureState()->fail(m);
         throw m.toError(comm.rank());
       }
-      if (ar.gone) {
-        const std::string why = ar.gone(static_cast<int>(p));
+      // Any rank of the node that failed or left dooms this collective, not only the one awaited.
+      for (size_t q = 0; ar.gone && q < ar.steps.size(); ++q) {
+        if (static_cast<int>(q) == ar.me) continue;
+        const std::string why = ar.gone(static_cast<int>(q));
         if (!why.empty()) {
           Status s = Status::error(ErrorCode::Remote,
-                                   strFormat("%s #%lld (direct): rank %d will not reach step %llu: %s", c.name(),
-                                             static_cast<long long>(c.seq()), ar.ranks[p],
-                                             static_cast<unsigned long long>(target), why.c_str()),
-                                   ar.ranks[p], c.seq());
+                                   strFormat("%s #%lld (direct): rank %d will not take part: %s", c.name(),
+                                             static_cast<long long>(c.seq()), ar.ranks[q], why.c_str()),
+                                   ar.ranks[q], c.seq());
           comm.failureState()->fail(s);
           throw s.toError(comm.rank());
         }

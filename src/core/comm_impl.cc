@@ -7,6 +7,7 @@
 #include <map>
 #include <thread>
 
+#include "bootstrap/auth.hpp"
 #include "collectives/plan.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
@@ -48,6 +49,7 @@ std::string joinRanks(const std::vector<int>& ranks) {
 CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin)
     : rank_(rank),
       size_(size),
+      options_(options),
       name_(options.name.empty() ? "loom" : options.name),
       failure_(std::make_shared<FailureState>()),
       access_(std::move(access)) {
@@ -247,9 +249,70 @@ CommImpl::~CommImpl() {
 }
 
 void CommImpl::failEverything(const Status& status) {
-  if (queue_) queue_->shutdown(status);
+  // Connections first: that fails the request a queued collective waits on, so that the queue's
+  // worker returns and shutdown() can join it.
   for (auto& c : conns_)
     if (c) c->failAll(status);
+  if (queue_) queue_->shutdown(status);
+}
+
+StoreAccess CommImpl::shrinkAccess(std::chrono::milliseconds wait, int* newRank, int* newSize) {
+  Store& store = *access_.store;
+  const std::string gen = "shrink-" + std::to_string(shrinks_++);
+  const Deadline joinBy(std::chrono::milliseconds(wait) + std::chrono::milliseconds(30000));
+  try {
+    store.setString(gen + "/alive/" + std::to_string(rank_), "1");
+    if (rank_ == 0) {
+      // Rank 0 hosts the store: it decides who is in, after `wait` or once everyone is there.
+      std::vector<std::string> keys;
+      for (int r = 0; r < size_; ++r) keys.push_back(gen + "/alive/" + std::to_string(r));
+      std::vector<std::string> missing;
+      store.waitAll(keys, Deadline(wait), &missing);
+      std::string members;
+      for (int r = 0; r < size_; ++r)
+        if (store.tryGet(gen + "/alive/" + std::to_string(r))) members += std::to_string(r) + ",";
+      Nonce id = randomNonce();
+      store.set(gen + "/commid", Bytes(id.begin(), id.end()));
+      store.setString(gen + "/members", members);
+    }
+    auto v = store.get(gen + "/members", joinBy);
+    auto idBytes = store.get(gen + "/commid", joinBy);
+    if (!v || !idBytes || idBytes->size() != Nonce().size()) {
+      LOOM_THROW(ErrorCode::Timeout, rank_,
+                 "shrink: rank 0 did not publish the survivors: it may be gone too (it hosts the rendezvous store); "
+                 "restart the job");
+    }
+    std::vector<int> members;
+    std::string text(v->begin(), v->end());
+    for (size_t at = 0; at < text.size();) {
+      size_t comma = text.find(',', at);
+      members.push_back(std::stoi(text.substr(at, comma - at)));
+      at = comma + 1;
+    }
+    auto me = std::find(members.begin(), members.end(), rank_);
+    if (me == members.end()) {
+      LOOM_THROW(ErrorCode::Timeout, rank_,
+                 strFormat("shrink: this rank came after the survivors had been counted (%s); it is left out",
+                           rankList(members).c_str()));
+    }
+    *newRank = static_cast<int>(me - members.begin());
+    *newSize = static_cast<int>(members.size());
+    LOOM_INFO("shrink: rank %d of %d goes on as rank %d of %d (survivors: %s)", rank_, size_, *newRank, *newSize,
+              rankList(members).c_str());
+    StoreAccess a;
+    a.store = std::make_shared<PrefixStore>(gen, access_.store);
+    a.endpoint = access_.endpoint;
+    a.key = access_.key;
+    std::memcpy(a.commId.data(), idBytes->data(), a.commId.size());
+    a.keepAlive = access_.keepAlive;
+    return a;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    LOOM_THROW(ErrorCode::Remote, rank_,
+               strFormat("shrink: the rendezvous store at %s is unreachable (%s): rank 0 is gone; restart the job",
+                         access_.endpoint.c_str(), e.what()));
+  }
 }
 
 void CommImpl::abort() {

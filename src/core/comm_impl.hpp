@@ -135,6 +135,14 @@ class CommImpl : public Progressable {
   const coll::Selector* selector() const { return selector_.get(); }
   const std::optional<LinkModel>& link() const { return link_; }
 
+  // ---- Recovery. ----
+  /// The survivors' rendezvous for Communicator::shrink: registers this rank, lets rank 0 decide
+  /// who is in (those registered within `wait`), and returns this rank's place, the new size and
+  /// the new communicator's store access. Throws when rank 0 or its store is gone, or this rank
+  /// was left out.
+  StoreAccess shrinkAccess(std::chrono::milliseconds wait, int* newRank, int* newSize);
+  const Options& options() const { return options_; }
+
   // ---- Errors and lifetime. ----
   void abort();
   /// Throws the failure that marked this communicator failed, if any.
@@ -153,6 +161,8 @@ class CommImpl : public Progressable {
 
   const int rank_;
   const int size_;
+  const Options options_;
+  int shrinks_ = 0;  // shrink generations started from this communicator
   const std::string name_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<FailureState> failure_;

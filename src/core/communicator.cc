@@ -142,6 +142,18 @@ detail::CommImpl& live(const std::unique_ptr<detail::CommImpl>& impl) {
 }
 }  // namespace
 
+Communicator Communicator::shrink(std::chrono::milliseconds wait) {
+  auto& c = live(impl_);
+  int rank = 0, size = 0;
+  StoreAccess access = c.shrinkAccess(wait, &rank, &size);
+  LogRankScope scope(rank);
+  Options options = c.options();
+  auto impl = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options,
+                                                 strFormat("shrunk from communicator \"%s\"", c.name().c_str()));
+  coll::tuneLinksIfAsked(*impl);
+  return Communicator(std::move(impl));
+}
+
 int Communicator::rank() const { return live(impl_).rank(); }
 int Communicator::size() const { return live(impl_).size(); }
 int Communicator::localRank() const { return live(impl_).localRank(); }

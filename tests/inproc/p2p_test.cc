@@ -374,3 +374,85 @@ TEST(Communicator, TimeoutNamesWhatWasAwaited) {
       o);
   EXPECT_EQ(results[1].error, "");
 }
+
+// abort() from another thread on rank 0, while collectives of every kind of wait are pending (a
+// blocking all-reduce in a direct barrier or a message wait, an asynchronous one queued behind it,
+// a receive): every wait on rank 0 returns promptly with ErrorCode::Aborted, and rank 1's waits
+// fail promptly too, saying rank 0 aborted. Calling it twice, and destroying the communicator
+// right after, is safe.
+TEST_P(P2PLinks, AbortFromAnotherThreadUnblocksEveryWaitPromptly) {
+  loomtest::TransportSetup links(GetParam());
+  auto results = loomtest::runRanks(3, [&](loom::Communicator& c) {
+    std::vector<float> v(1 << 16, 1.0f), w(1 << 16, 1.0f);
+    if (c.rank() == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // never joins the all-reduce
+      return;
+    }
+    int x = 0;
+    auto recv = c.irecv(&x, 1, DataType::Int32, 2, 5);
+    auto queued = c.iallReduce(w.data(), w.data(), w.size(), DataType::Float32, loom::ReduceOp::Sum);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread killer([&] {
+      if (c.rank() != 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      c.abort();
+      c.abort();  // twice: no effect
+    });
+    auto expectAborted = [&](const loom::Error& e) {
+      if (c.rank() == 0) {
+        EXPECT_EQ(e.code(), loom::ErrorCode::Aborted) << e.what();
+      } else {
+        EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+      }
+    };
+    try {
+      c.allReduce(v.data(), v.data(), v.size(), DataType::Float32, loom::ReduceOp::Sum);
+      ADD_FAILURE() << "the all-reduce returned after abort";
+    } catch (const loom::Error& e) {
+      expectAborted(e);
+    }
+    for (loom::Work* work : {&queued, &recv}) {
+      try {
+        work->wait();
+        ADD_FAILURE() << "a wait returned after abort";
+      } catch (const loom::Error& e) {
+        expectAborted(e);
+      }
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1)) << "rank " << c.rank();
+    killer.join();
+  });
+  EXPECT_EQ(results[0].error, "");
+  EXPECT_EQ(results[1].error, "");
+}
+
+// After a rank died, the survivors shrink the communicator and go on without it.
+TEST_P(P2PLinks, SurvivorsShrinkAndGoOn) {
+  loomtest::TransportSetup links(GetParam());
+  auto results = loomtest::runRanks(4, [&](loom::Communicator& c) {
+    const int original = c.rank();
+    try {
+      c.barrier();  // every rank has finished joining (and measuring links)
+    } catch (const loom::Error&) {
+      // rank 1 may abort while a peer still finishes the barrier: that peer fails below too
+    }
+    if (original == 1) {
+      c.abort();  // as good as dead for the others: its links close
+      return;
+    }
+    std::vector<int32_t> v(1000, original);
+    try {
+      c.allReduce(v.data(), v.data(), v.size(), DataType::Int32, loom::ReduceOp::Sum);
+      ADD_FAILURE() << "all-reduce with a dead rank succeeded";
+    } catch (const loom::Error&) {
+    }
+    loom::Communicator s = c.shrink(std::chrono::seconds(2));
+    EXPECT_EQ(s.size(), 3);
+    EXPECT_EQ(s.rank(), original == 0 ? 0 : original - 1);
+    std::vector<int32_t> u(1000, original);
+    s.allReduce(u.data(), u.data(), u.size(), DataType::Int32, loom::ReduceOp::Sum);
+    EXPECT_EQ(u[999], 0 + 2 + 3);
+    s.barrier();
+  });
+  for (int r : {0, 2, 3}) EXPECT_EQ(results[static_cast<size_t>(r)].error, "") << r;
+}

@@ -526,3 +526,23 @@ TEST(Faults, HangIsExplainedOnDemandAndAtTheDeadline) {
   EXPECT_NE(out.find("timed out after 8"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 2 did not answer"), std::string::npos) << out;
 }
+
+// The recovery example: rank 2 dies at step 3; the others shrink the communicator and finish the
+// run with 3 ranks (loomrun --keep-going leaves them running). Over shared memory and over TCP.
+TEST(Faults, RecoveryExampleGoesOnWithTheSurvivors) {
+  for (const char* transport : {"", "tcp"}) {
+    std::string out;
+    Env env;
+    if (*transport) env["LOOM_TRANSPORT"] = transport;
+    const int rc =
+        finish(start({path("LOOMRUN"), "-n", "4", "--keep-going", path("LOOM_RECOVER_EXAMPLE")}, env), 90, &out);
+    EXPECT_EQ(rc, 128 + SIGKILL) << out;  // the first failure: rank 2's
+    for (int r : {0, 1, 3}) {
+      const std::string me = "[" + std::to_string(r) + "] rank " + std::to_string(r);
+      EXPECT_NE(out.find(me + ": step 3 failed: "), std::string::npos) << out;
+      EXPECT_NE(out.find(me + ": going on as rank " + std::to_string(r == 3 ? 2 : r) + " of 3"), std::string::npos)
+          << out;
+      EXPECT_NE(out.find(me + ": step 5: every gradient sums to 3 over 3 ranks"), std::string::npos) << out;
+    }
+  }
+}

@@ -548,9 +548,10 @@ void ShmConnection::checkPeer() noexcept {
   } else {
     s = Status::error(ErrorCode::Remote, strFormat("rank %d stopped%s", peer_, because.c_str()), peer_);
   }
-  if (!pending && st != PeerState::Died) {
-    // Nothing waits on the peer: close the link only (a later operation on it fails with this),
-    // and leave the communicator to the ranks still in it.
+  if (!pending && st != PeerState::Died && theirReason.empty()) {
+    // A clean close with nothing waiting on the peer: close the link only (a later operation on it
+    // fails with this). A peer whose communicator failed fails this one too, pending or not: the
+    // next collective would wait for it in vain.
     std::lock_guard<std::mutex> in(inMu_);
     std::lock_guard<std::mutex> out(outMu_);
     failLocked(s, false);

@@ -901,7 +901,19 @@ void TcpConnection::onWritable(int index) noexcept {
   if (!st.ok) failFrom(st, lock);
 }
 
-void TcpConnection::failFrom(const Status& st, std::unique_lock<std::mutex>& lock) {
+void TcpConnection::failFrom(const Status& given, std::unique_lock<std::mutex>& lock) {
+  // A broken link may have a BYE waiting on stream 0 that says why the peer went (a write can
+  // fail on the closed socket before the reader has seen the word): read it if it is there.
+  Status st = given;
+  Stream& s0 = *streams_[0];
+  if (!closed_ && given.code == ErrorCode::Remote && !s0.reading && !s0.eof && byeReason_.empty() && !byeFailed_) {
+    Status word = read(s0, lock);
+    if (closed_) return;
+    if (!word.ok && (byeFailed_ || word.message.find("left the communicator") != std::string::npos)) st = word;
+    if (!byeReason_.empty())
+      st = Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, byeReason_.c_str()),
+                         peer_);
+  }
   // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
   // leaves mid-operation fails the communicator.
   const bool pending = failLocked(st) || byeFailed_;
