@@ -39,7 +39,8 @@ TcpStoreServer::TcpStoreServer(const SockAddr& addr, const JobKey& key) : key_(k
   int err = 0;
   listener_ = listenOn(addr, 512, &err);
   if (!listener_.valid()) {
-    std::string advice = err == EADDRINUSE
+    std::string advice = !listenAdvice(err).empty() ? listenAdvice(err).substr(2)
+                         : err == EADDRINUSE
                              ? "another job or an earlier run holds this port: set MASTER_PORT to a free port, or "
                                "start the job with loomrun, which picks a free one"
                              : "check MASTER_ADDR / LOOM_SOCKET_IFNAME";

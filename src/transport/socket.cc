@@ -9,12 +9,20 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "core/format.hpp"
+#include "core/param.hpp"
 #include "core/status.hpp"
 
 namespace loom {
+namespace {
+LOOM_PARAM_STR(portRangeParam, "LOOM_PORT_RANGE", "",
+               "ports to listen on, lo-hi, for firewalled clusters (peer links and unique-id stores; default: any)");
+}  // namespace
 
 SockAddr::SockAddr() : len_(0) { std::memset(&storage_, 0, sizeof(storage_)); }
 
@@ -172,7 +180,28 @@ SockAddr peerAddress(int fd) {
   return SockAddr(reinterpret_cast<sockaddr*>(&ss), len);
 }
 
-Socket listenOn(const SockAddr& addr, int backlog, int* err) {
+std::string listenAdvice(int err) {
+  const std::string range = portRangeParam();
+  if (range.empty()) return "";
+  if (err == EINVAL) return "; LOOM_PORT_RANGE=" + range + " does not read as a range of ports such as 40000-40100";
+  if (err == EADDRINUSE) return "; every port of LOOM_PORT_RANGE=" + range + " is in use: widen the range";
+  return "";
+}
+
+bool parsePortRange(const std::string& text, int* lo, int* hi) {
+  char dash = 0;
+  char tail = 0;
+  int a = 0, b = 0;
+  if (std::sscanf(text.c_str(), "%d%c%d%c", &a, &dash, &b, &tail) != 3 || dash != '-') return false;
+  if (a < 1 || b > 65535 || a > b) return false;
+  *lo = a;
+  *hi = b;
+  return true;
+}
+
+namespace {
+
+Socket listenExactly(const SockAddr& addr, int backlog, int* err) {
   Socket s(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!s.valid()) {
     *err = errno;
@@ -190,6 +219,30 @@ Socket listenOn(const SockAddr& addr, int backlog, int* err) {
   }
   *err = 0;
   return s;
+}
+
+}  // namespace
+
+Socket listenOn(const SockAddr& addr, int backlog, int* err) {
+  // Any port (0), with LOOM_PORT_RANGE set: the first free one of the range, from a random start
+  // (firewalled clusters open a range; jobs sharing a host should not all try the same port first).
+  const std::string range = portRangeParam();
+  int lo = 0, hi = 0;
+  if (addr.port() != 0 || range.empty()) return listenExactly(addr, backlog, err);
+  if (!parsePortRange(range, &lo, &hi)) {
+    *err = EINVAL;
+    return Socket();
+  }
+  const int span = hi - lo + 1;
+  const int start = static_cast<int>(std::random_device{}() % static_cast<unsigned>(span));
+  for (int i = 0; i < span; ++i) {
+    SockAddr a = addr;
+    a.setPort(lo + (start + i) % span);
+    Socket s = listenExactly(a, backlog, err);
+    if (s.valid() || *err != EADDRINUSE) return s;
+  }
+  *err = EADDRINUSE;
+  return Socket();
 }
 
 Socket connectTo(const SockAddr& addr, const Deadline& deadline, int* err) {

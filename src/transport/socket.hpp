@@ -82,7 +82,14 @@ SockAddr peerAddress(int fd);
 
 /// Creates a non-blocking listening socket bound to `addr` (SO_REUSEADDR). On failure returns an
 /// invalid Socket and sets *err to errno.
+/// A listening socket on `addr`. Port 0 means any: the kernel's pick, or with LOOM_PORT_RANGE
+/// ("lo-hi", for firewalled clusters) the first free port of that range (err: EADDRINUSE when it
+/// is full, EINVAL when LOOM_PORT_RANGE does not read as a range).
 Socket listenOn(const SockAddr& addr, int backlog, int* err);
+/// Advice for a listenOn failure with `err` under LOOM_PORT_RANGE ("" when it does not apply).
+std::string listenAdvice(int err);
+/// Parses "lo-hi" (1 <= lo <= hi <= 65535).
+bool parsePortRange(const std::string& text, int* lo, int* hi);
 
 /// Connects a non-blocking socket to `addr`, waiting at most until `deadline`. On failure returns
 /// an invalid Socket and sets *err (ETIMEDOUT when the deadline passed).

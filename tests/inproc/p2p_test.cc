@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "common/ranks.hpp"
+#include "transport/socket.hpp"
 
 using loom::DataType;
 using loomtest::pattern;
@@ -455,4 +456,52 @@ TEST_P(P2PLinks, SurvivorsShrinkAndGoOn) {
     s.barrier();
   });
   for (int r : {0, 2, 3}) EXPECT_EQ(results[static_cast<size_t>(r)].error, "") << r;
+}
+
+// LOOM_PORT_RANGE: every peer link listens inside the range; a range with no free port left is a
+// clear error naming it. Links are probed with keepalives (the heartbeat on idle links).
+TEST(P2P, ListenersStayInsideLoomPortRange) {
+  loomtest::TransportSetup links("tcp");
+  // A range of ports the kernel is not handing out now: bound to, then released.
+  std::vector<loom::Socket> held;
+  int lo = 0;
+  for (int base = 41000; base < 60000 && lo == 0; base += 100) {
+    held.clear();
+    bool free = true;
+    for (int p = base; p < base + 8 && free; ++p) {
+      int err = 0;
+      loom::SockAddr a = loom::SockAddr::any(AF_INET, p);
+      held.push_back(loom::listenOn(a, 1, &err));
+      free = held.back().valid();
+    }
+    if (free) lo = base;
+  }
+  ASSERT_NE(lo, 0);
+  held.clear();
+  const std::string range = std::to_string(lo) + "-" + std::to_string(lo + 7);
+  setenv("LOOM_PORT_RANGE", range.c_str(), 1);
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    for (int p = c.rank() + 1; p < c.size(); ++p) {
+      const std::string d = c.describeLink(p);  // "... -> 192.0.2.2:41003"
+      const int port = std::atoi(d.substr(d.rfind(':') + 1).c_str());
+      EXPECT_GE(port, lo) << d;
+      EXPECT_LE(port, lo + 7) << d;
+    }
+    int x = c.rank();
+    c.allReduce(&x, &x, 1, DataType::Int32, loom::ReduceOp::Sum);
+    EXPECT_EQ(x, 3);
+  });
+  // Full: a range of one port someone holds.
+  int err = 0;
+  loom::Socket taken = loom::listenOn(loom::SockAddr::any(AF_INET, lo), 1, &err);
+  ASSERT_TRUE(taken.valid());
+  setenv("LOOM_PORT_RANGE", (std::to_string(lo) + "-" + std::to_string(lo)).c_str(), 1);
+  std::string error;
+  try {
+    error = loomtest::runRanks(2, [](loom::Communicator&) {})[0].error;
+  } catch (const loom::Error& e) {
+    error = e.what();  // the unique id's store listens in the range too
+  }
+  unsetenv("LOOM_PORT_RANGE");
+  EXPECT_NE(error.find("every port of LOOM_PORT_RANGE=" + std::to_string(lo) + "-"), std::string::npos) << error;
 }

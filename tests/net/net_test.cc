@@ -403,3 +403,54 @@ TEST(Vcluster, NodesHaveTheirOwnSharedMemoryAndAddresses) {
   Result q = vcluster({"exec", "--name", cl.name(), "1", "--", "tc", "qdisc", "show", "dev", "eth1"});
   EXPECT_NE(q.out.find("tbf"), std::string::npos) << q.out;
 }
+
+// A node whose network vanishes without a word (no reset, no end of file: its link goes down)
+// is named by the heartbeat on its links within seconds, not at the collective's deadline.
+TEST(Net, AVanishedNodeIsNamedByTheHeartbeat) {
+  SKIP_WITHOUT_NAMESPACES();
+  Cluster cl(2);
+  ASSERT_TRUE(cl.ok());
+  std::vector<std::string> args = {path("VCLUSTER"),   "run", "--name", cl.name(), "--timeout", "100", "--",
+                                   path("NET_WORKER"), "loop"};
+  // The job in the background; the link of node 1 goes down once it loops.
+  char tmpl[] = "/tmp/loom-net-XXXXXX";
+  int fd = mkstemp(tmpl);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+    setenv("LOOM_TIMEOUT", "90", 1);
+    setenv("LOOM_TCP_KEEPALIVE_S", "2", 1);
+    std::vector<char*> a;
+    for (auto& s : args) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execvp(a[0], a.data());
+    _exit(127);
+  }
+  close(fd);
+  auto output = [&] {
+    std::ifstream in(tmpl);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  for (int i = 0; i < 200 && output().find("rank 0 looping") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Result down = vcluster({"exec", "--name", cl.name(), "1", "--", "ip", "link", "set", "eth0", "down"});
+  EXPECT_EQ(down.code, 0) << down.out;
+  int status = 0;
+  for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (waitpid(pid, &status, WNOHANG) == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  const std::string out = output();
+  unlink(tmpl);
+  const size_t at = out.find("rank 0 failed ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const double after = std::atof(out.c_str() + at + 14);
+  EXPECT_LT(after, 30.0) << out;  // the heartbeat's few seconds, not the 90 s deadline
+  EXPECT_NE(out.find("rank 1", at), std::string::npos) << out;
+  std::printf("[ fault    ] link down: %s", out.substr(at, out.find('\n', at) - at + 1).c_str());
+}

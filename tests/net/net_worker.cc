@@ -8,6 +8,9 @@
 //   net_worker links                 each pair's transport: shared memory within a node, TCP
 //                                    between nodes, never the other way; prints rank 0's links
 //   net_worker algo COLL BYTES NAME  the algorithm chosen for COLL of BYTES is NAME on every rank
+//   net_worker loop                  all-reduces until one fails (prints "looping", then the error
+//                                    and how long after the last success it came)
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -78,6 +81,23 @@ int main(int argc, char** argv) {
           loomtest::runCase(c, coll, loomtest::Case{t, op, blocks ? perRank : big, false, n - 1}, report);
         }
       if (me == 0) std::printf("large: done on %d ranks\n", n);
+    } else if (mode == "loop") {
+      std::vector<float> v(1 << 18, 1.0f);
+      auto last = std::chrono::steady_clock::now();
+      for (long i = 0;; ++i) {
+        if (i == 3) {
+          std::printf("rank %d looping\n", me);
+          std::fflush(stdout);
+        }
+        try {
+          c.allReduce(v.data(), v.data(), v.size(), loom::DataType::Float32, loom::ReduceOp::Max);
+          last = std::chrono::steady_clock::now();
+        } catch (const loom::Error& e) {
+          const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - last).count();
+          std::printf("rank %d failed %.1f s after its last all-reduce: %s\n", me, after, e.what());
+          return 1;
+        }
+      }
     } else if (mode == "links") {
       checkLinks(c);
     } else if (mode == "algo" && argc == 5) {

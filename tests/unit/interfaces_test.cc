@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "transport/socket.hpp"
+
 using loom::ifnameMatches;
 using loom::parseIfnameSpec;
 
@@ -47,4 +49,14 @@ TEST(Ifname, DefaultSkipsLoopbackWhenSomethingElseExists) {
   if (other) {
     for (auto& i : def) EXPECT_NE(i.name, "lo");
   }
+}
+
+TEST(PortRange, Parsing) {
+  int lo = 0, hi = 0;
+  EXPECT_TRUE(loom::parsePortRange("40000-40100", &lo, &hi));
+  EXPECT_EQ(lo, 40000);
+  EXPECT_EQ(hi, 40100);
+  EXPECT_TRUE(loom::parsePortRange("5000-5000", &lo, &hi));
+  for (const char* bad : {"", "40000", "40100-40000", "0-10", "1-70000", "40000-40100x", "a-b", "40000:40100"})
+    EXPECT_FALSE(loom::parsePortRange(bad, &lo, &hi)) << bad;
 }

@@ -1,5 +1,7 @@
 #include "transport/tcp/tcp_transport.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -28,6 +30,8 @@ LOOM_PARAM_INT(readsPerEventParam, "LOOM_TCP_READS_PER_EVENT", 64,
 LOOM_PARAM_INT(readyBytesParam, "LOOM_READY_BYTES", 64 << 20,
                "largest message sent at once (no RTS/CTS round trip) when the receiver said its receive is posted "
                "(max 1 GiB); 0: never");
+LOOM_PARAM_INT(keepaliveParam, "LOOM_TCP_KEEPALIVE_S", 10,
+               "seconds of silence before TCP probes a peer link (then every fifth of it, 3 times); 0: off");
 LOOM_PARAM_INT(pushBytesParam, "LOOM_PUSH_BYTES", 1024 * 1024,
                "largest message of a collective sent over TCP at once, without waiting for the receiver to ask for it "
                "(max 1 MiB; 0: never)");
@@ -83,6 +87,19 @@ struct Pending {
 void tune(int fd) {
   setNoDelay(fd);
   setBufferSizes(fd, static_cast<int>(socketBufferBytes()));
+  // A heartbeat on idle links: a peer host that vanished without a word (power, network) shows
+  // as an error after the keepalive probes go unanswered, and unacknowledged data gives up as
+  // soon; a killed process is seen at once anyway (its kernel resets the connection).
+  const int idle = static_cast<int>(std::clamp<int64_t>(keepaliveParam(), 0, 3600));
+  if (idle > 0) {
+    int one = 1, interval = std::max(1, idle / 5), count = 3;
+    unsigned userTimeout = static_cast<unsigned>(idle + interval * count) * 1000u;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeout, sizeof userTimeout);
+  }
 }
 
 }  // namespace
@@ -171,8 +188,8 @@ void TcpTransport::publish(TransportContext& ctx) {
     listeners_.push_back(listenOn(bindAddr, 1024, &err));
     if (!listeners_.back().valid()) {
       LOOM_THROW(ErrorCode::System, ctx.rank,
-                 strFormat("cannot listen on %s (%s): %s", bindAddr.host().c_str(), iface.name.c_str(),
-                           errnoText(err).c_str()));
+                 strFormat("cannot listen on %s (%s): %s%s", bindAddr.host().c_str(), iface.name.c_str(),
+                           errnoText(err).c_str(), listenAdvice(err).c_str()));
     }
     eps.emplace_back(localAddress(listeners_.back().fd()), iface.name);
   }
