@@ -531,23 +531,31 @@ std::string CommImpl::hangReport(int64_t seq, std::chrono::milliseconds waitFor)
   // asking too answer here), then take what has come when the time is up.
   const int64_t request = access_.store->add("dump/request", 1);
   std::map<int, std::vector<FlightEntry>> records;
+  std::string cut;
   const Deadline deadline(waitFor);
   for (;;) {
-    answerDumpRequests();
-    for (int r = 0; r < size_; ++r) {
-      if (records.count(r) != 0) continue;
-      if (auto v = access_.store->tryGet("flight/" + std::to_string(r))) {
-        // Only answers to this request or a later one: an older record may be stale.
-        const std::string text(v->begin(), v->end());
-        const size_t nl = text.find('\n');
-        if (nl != std::string::npos && std::atoll(text.substr(0, nl).c_str()) >= request)
-          records[r] = parseFlight(text.substr(nl + 1));
+    try {
+      answerDumpRequests();
+      for (int r = 0; r < size_; ++r) {
+        if (records.count(r) != 0) continue;
+        if (auto v = access_.store->tryGet("flight/" + std::to_string(r))) {
+          // Only answers to this request or a later one: an older record may be stale.
+          const std::string text(v->begin(), v->end());
+          const size_t nl = text.find('\n');
+          if (nl != std::string::npos && std::atoll(text.substr(0, nl).c_str()) >= request)
+            records[r] = parseFlight(text.substr(nl + 1));
+        }
       }
+    } catch (const std::exception& e) {
+      // The store went away meanwhile (its host, rank 0, exited): report what had come.
+      cut = strFormat("\n  (the rendezvous store closed before every rank could answer: %s)", e.what());
+      break;
     }
     if (static_cast<int>(records.size()) == size_ || deadline.expired()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  return loom::hangReport(size_, records, seq);
+  if (records.count(rank_) == 0) records[rank_] = parseFlight(flight_.serialize());
+  return loom::hangReport(size_, records, seq) + cut;
 }
 
 void CommImpl::waiting(bool on) noexcept {

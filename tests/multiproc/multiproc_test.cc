@@ -483,7 +483,8 @@ TEST(Faults, SigstopIsATimeoutWhoseReportNamesTheStoppedRank) {
     EXPECT_LT(secs, 15.0) << out;
     // The first rank to time out explains; the others may report its failure instead.
     EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
-    if (out.find("hang report") != std::string::npos) {
+    // (A rank whose report ran into the store closing, its host rank 0 having exited, says so.)
+    if (out.find("hang report") != std::string::npos && out.find("store closed") == std::string::npos) {
       EXPECT_NE(out.find("rank 1 did not answer"), std::string::npos) << out;
     }
     std::printf("[ fault    ] SIGSTOP: rank %d failed after %.2f s: %s", r, secs,
