@@ -108,18 +108,30 @@ void checkHostStream(loomStream_t stream, const char* what) {
   }
 }
 
-loom::DataType toType(loomDataType_t t) {
-  if (static_cast<int>(t) < 0 || static_cast<int>(t) >= loomNumTypes) {
-    LOOM_THROW(ErrorCode::InvalidArgument, -1, loom::strFormat("unknown datatype %d", static_cast<int>(t)));
-  }
-  return static_cast<loom::DataType>(t);
+// A C enum argument may hold any int a caller put there; read as an enum value outside the
+// enumerators' range it would be undefined behaviour, so its bits are read as an int.
+template <typename E>
+int rawValue(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized here");
+  int v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
 }
 
-loom::ReduceOp toOp(loomRedOp_t op) {
-  if (static_cast<int>(op) < 0 || static_cast<int>(op) >= loomNumOps) {
-    LOOM_THROW(ErrorCode::InvalidArgument, -1, loom::strFormat("unknown reduction op %d", static_cast<int>(op)));
+loom::DataType toType(const loomDataType_t& t) {
+  const int v = rawValue(t);
+  if (v < 0 || v >= loomNumTypes) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, loom::strFormat("unknown datatype %d", v));
   }
-  return static_cast<loom::ReduceOp>(op);
+  return static_cast<loom::DataType>(v);
+}
+
+loom::ReduceOp toOp(const loomRedOp_t& op) {
+  const int v = rawValue(op);
+  if (v < 0 || v >= loomNumOps) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, loom::strFormat("unknown reduction op %d", v));
+  }
+  return static_cast<loom::ReduceOp>(v);
 }
 
 loom::Options toOptions(const loomConfig_t* config) {

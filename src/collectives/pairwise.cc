@@ -12,7 +12,7 @@ void allToAllPairwise(Context& c, const Args& a) {
   const uint8_t* in = cbytes(a.send);
   if (a.send == a.recv) {  // in place: keep a copy of what is to be sent
     uint8_t* copy = c.scratch(block * static_cast<size_t>(n), 0);
-    std::memcpy(copy, in, block * static_cast<size_t>(n));
+    if (block > 0) std::memcpy(copy, in, block * static_cast<size_t>(n));
     in = copy;
   }
   uint8_t* out = bytes(a.recv);
@@ -27,7 +27,7 @@ void allToAllPairwise(Context& c, const Args& a) {
     int to = (r + k) % n;
     reqs.push_back(c.send(to, in + static_cast<size_t>(to) * block, block));
   }
-  std::memmove(out + static_cast<size_t>(r) * block, in + static_cast<size_t>(r) * block, block);
+  if (block > 0) std::memmove(out + static_cast<size_t>(r) * block, in + static_cast<size_t>(r) * block, block);
   c.waitAll(reqs);
 }
 

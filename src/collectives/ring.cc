@@ -217,10 +217,10 @@ void reduceRing(Context& c, const Args& a) {
     uint8_t* out = bytes(a.recv);
     for (int p = 0; p < n; ++p) {
       const Segment& s = l.segs[static_cast<size_t>(ringOwnedSegment(planRing(p, n, l.channel).pos, n, 0))];
-      if (p == r)
-        std::memcpy(out + s.offset * E, work + s.offset * E, s.count * E);
-      else
+      if (p != r)
         reqs.push_back(c.recv(p, out + s.offset * E, s.count * E, l.channel));
+      else if (s.count > 0)
+        std::memcpy(out + s.offset * E, work + s.offset * E, s.count * E);
     }
   }
   c.waitAll(reqs);

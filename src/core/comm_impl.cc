@@ -503,8 +503,7 @@ void CommImpl::check() noexcept {
   if (seq < 0 || failure_->failed()) return;
   Status s = localCallMismatch(seq, currentSig_.load(std::memory_order_relaxed));
   if (s.ok) return;
-  s.message = strFormat("collective #%lld: %s", static_cast<long long>(seq), s.message.c_str());
-  failure_->fail(s);
+  failure_->fail(s);  // (s.seq names the collective)
 }
 
 std::string CommImpl::diagnose() noexcept {

@@ -89,7 +89,13 @@ LOOM_INLINE void loopHalf(T* d, const T* a, const T* b, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = fromFloat(Op::applyf(toFloat(a[i]), toFloat(b[i])), T{});
 }
 
+#if defined(__SANITIZE_THREAD__)
+// ThreadSanitizer instruments the ifunc resolvers of target clones, which the dynamic loader runs
+// before the sanitizer's runtime is up: one generic version there.
+#define LOOM_CLONES
+#else
 #define LOOM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 // dst may alias a or b exactly: element i is read before it is written. (No __restrict: the
 // compiler adds a run-time overlap check and still vectorises.)

@@ -203,7 +203,7 @@ bool TcpConnection::takeReadyHintLocked(uint32_t tag, size_t bytes) {
     // The hinted receive matches the (ahead+1)-th message on the tag from fromSeq on; this send is
     // the (n+1)-th. Fewer: it is for an earlier receive, keep the hint; more: the hinted receive
     // was matched already (or the record is too short to tell), drop it.
-    const ReadyHint& h = q.front();
+    const ReadyHint h = q.front();  // a copy: it outlives the pop below
     size_t n = sendsOnTagSinceLocked(tag, h.fromSeq);
     if (n != SIZE_MAX && n < h.ahead) break;
     if (n == h.ahead) ready = bytes <= h.capacity && bytes <= options_.readyBytes;

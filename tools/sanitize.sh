@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds Loom with a sanitizer in its own build directory and runs the tests that fit the time:
+#   tools/sanitize.sh address   AddressSanitizer + UndefinedBehaviorSanitizer (and LeakSanitizer)
+#   tools/sanitize.sh thread    ThreadSanitizer
+# Every unit test; the in-process and multi-process tests below (every transport, every fault
+# path, the collectives on small matrices, a soak); any report fails the run. Suppressions live
+# in tests/sanitizers/, each with its reason. Run by `meson test` (suite "sanitize").
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+kind="${1:?usage: tools/sanitize.sh address|thread}"
+case "$kind" in
+  address) dir="$ROOT/build-asan"; flags="address,undefined" ;;
+  thread) dir="$ROOT/build-tsan"; flags="thread" ;;
+  *) echo "sanitize.sh: address or thread, not $kind" >&2; exit 2 ;;
+esac
+if [ ! -f "$dir/build.ninja" ]; then
+  meson setup "$dir" "$ROOT" -Db_sanitize="$flags" -Db_lundef=false -Dwerror=true >/dev/null
+fi
+ninja -C "$dir" tests/loom_unit_tests tests/loom_inproc_tests tests/multiproc/loom_multiproc_tests \
+  tests/multiproc/loom_mp_worker tools/loomrun tools/loom-info examples/recover_after_failure >/dev/null
+
+export LOOM_TEST_DATA="$ROOT/tests/unit/data"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=0"
+export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitizers/lsan.supp"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/sanitizers/tsan.supp"
+export LOOM_SOAK_OPS=300
+export LOOMRUN="$dir/tools/loomrun" LOOM_INFO="$dir/tools/loom-info" LOOM_TEST_WORKER="$dir/tests/multiproc/loom_mp_worker"
+export LOOM_EXAMPLE="$dir/examples/sendrecv_tensor" LOOM_RECOVER_EXAMPLE="$dir/examples/recover_after_failure"
+ninja -C "$dir" examples/sendrecv_tensor >/dev/null
+
+if [ "$kind" = address ]; then
+  inproc='*P2P*:Shm.*:Links/*:Store.*:CApi.*:Communicator.*:Collectives.*:Shm/SmallMatrix.*/3ranks*:Tcp/SmallMatrix.*/3ranks*'
+  inproc+=':Mixed/SmallMatrix.*/5ranks*:Shm/LargeCounts.*/3ranks_ring:MixedEven/*:Nodes*:-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
+  multiproc='Faults.*:SharedMemory.*:Loomrun.*'
+else
+  inproc='*P2P*:Links/Mismatch*:Links/HangReport*:Communicator.*:Collectives.SeveralInFlight*:Collectives.BadArguments*'
+  inproc+=':Tcp/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/4ranks_direct*:Links/Soak.*/4ranks_shm'
+  inproc+=':Soak.TwoCommunicators*:-*LargeBothDirections*'
+  multiproc='Faults.RecoveryExample*:SharedMemory.SigkillInMid*'
+fi
+status=0
+echo "sanitize ($kind): unit tests"
+"$dir/tests/loom_unit_tests" >"$dir/unit.log" 2>&1 || { tail -40 "$dir/unit.log"; status=1; }
+echo "sanitize ($kind): in-process tests ($inproc)"
+"$dir/tests/loom_inproc_tests" --gtest_filter="$inproc" >"$dir/inproc.log" 2>&1 || { grep -E "ERROR|WARNING|runtime error|FAILED|Failure" -A20 "$dir/inproc.log" | head -120; status=1; }
+echo "sanitize ($kind): multi-process tests ($multiproc)"
+"$dir/tests/multiproc/loom_multiproc_tests" --gtest_filter="$multiproc" >"$dir/multiproc.log" 2>&1 || { grep -E "ERROR|WARNING|runtime error|FAILED|Failure" -A20 "$dir/multiproc.log" | head -120; status=1; }
+for log in unit inproc multiproc; do
+  if grep -qE "ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:" "$dir/$log.log"; then
+    echo "sanitize ($kind): reports in $log tests:"; grep -E "ERROR: |WARNING: ThreadSanitizer|runtime error:" -A12 "$dir/$log.log" | head -60
+    status=1
+  fi
+  grep -E "^\[  (PASSED|FAILED)  \]" "$dir/$log.log" | sed "s/^/sanitize ($kind) $log: /"
+done
+exit $status
