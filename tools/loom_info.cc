@@ -170,20 +170,9 @@ int printDump(int pid, int comm) {
   std::map<int64_t, int> running;
   for (const auto& [r, entries] : records) {
     std::printf("rank %d:\n", r);
-    const size_t from = entries.size() > 8 ? entries.size() - 8 : 0;
-    for (size_t i = from; i < entries.size(); ++i) {
-      const auto& e = entries[i];
-      const char* state = e.state == loom::FlightEntry::State::Running  ? "running"
-                          : e.state == loom::FlightEntry::State::Done   ? "done"
-                          : e.state == loom::FlightEntry::State::Failed ? "failed"
-                                                                        : "queued";
-      std::printf("  #%-6lld %-8s %-40s %-8s", static_cast<long long>(e.seq), state,
-                  loom::describeSignature(e.sig).c_str(), e.algo.c_str());
-      if (e.startAge >= 0) std::printf(" started %.1f s ago", e.startAge);
-      if (e.endAge >= 0) std::printf(", ended %.1f s ago", e.endAge);
-      std::printf("\n");
+    std::printf("%s", loom::formatFlight(entries, 8).c_str());
+    for (const auto& e : entries)
       if (e.state == loom::FlightEntry::State::Running) ++running[e.seq];
-    }
   }
   if (running.empty()) {
     std::printf("# no rank that answered is inside a collective; ranks that did not answer are not waiting in Loom\n");

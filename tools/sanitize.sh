@@ -36,7 +36,7 @@ if [ "$kind" = address ]; then
 else
   inproc='*P2P*:Links/Mismatch*:Links/HangReport*:Communicator.*:Collectives.SeveralInFlight*:Collectives.BadArguments*'
   inproc+=':Tcp/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/4ranks_direct*:Links/Soak.*/4ranks_shm'
-  inproc+=':Soak.TwoCommunicators*:-*LargeBothDirections*'
+  inproc+=':Soak.TwoCommunicators*:GradSync.*:Ranks/DataParallel.*:-*LargeBothDirections*'
   multiproc='Faults.RecoveryExample*:SharedMemory.SigkillInMid*'
 fi
 status=0

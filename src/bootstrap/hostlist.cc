@@ -43,8 +43,10 @@ bool allDigits(const std::string& s) {
   return true;
 }
 
-// Expands the inside of one bracket group: "01-04,07" -> 01 02 03 04 07.
-std::vector<std::string> expandRanges(const std::string& list, const std::string& body, size_t maxHosts) {
+// Expands the inside of one bracket group: "01-04,07" -> 01 02 03 04 07 (`firstOnly`: checks it
+// all but keeps only 01).
+std::vector<std::string> expandRanges(const std::string& list, const std::string& body, size_t maxHosts,
+                                      bool firstOnly) {
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= body.size()) {
@@ -53,14 +55,15 @@ std::vector<std::string> expandRanges(const std::string& list, const std::string
     size_t dash = part.find('-');
     if (dash == std::string::npos) {
       if (!allDigits(part)) malformed(list, "\"" + part + "\" is not a number");
-      out.push_back(part);
+      if (!firstOnly || out.empty()) out.push_back(part);
     } else {
       std::string lo = part.substr(0, dash), hi = part.substr(dash + 1);
       if (!allDigits(lo) || !allDigits(hi)) malformed(list, "\"" + part + "\" is not a range");
       unsigned long long a = std::stoull(lo), b = std::stoull(hi);
       if (b < a) malformed(list, "range \"" + part + "\" runs backwards");
-      if (b - a + 1 > maxHosts || out.size() + (b - a + 1) > maxHosts) malformed(list, "too many hosts");
-      for (unsigned long long v = a; v <= b; ++v) {
+      if (!firstOnly && (b - a + 1 > maxHosts || out.size() + (b - a + 1) > maxHosts))
+        malformed(list, "too many hosts");
+      for (unsigned long long v = a; v <= b && (!firstOnly || out.empty()); ++v) {
         std::string digits = std::to_string(v);
         if (digits.size() < lo.size()) digits.insert(0, lo.size() - digits.size(), '0');
         out.push_back(digits);
@@ -72,7 +75,8 @@ std::vector<std::string> expandRanges(const std::string& list, const std::string
   return out;
 }
 
-void expandItem(const std::string& list, const std::string& item, size_t maxHosts, std::vector<std::string>& out) {
+void expandItem(const std::string& list, const std::string& item, size_t maxHosts, std::vector<std::string>& out,
+                bool firstOnly = false) {
   if (item.empty()) malformed(list, "empty host name");
   std::vector<std::string> names{""};
   size_t pos = 0;
@@ -82,7 +86,7 @@ void expandItem(const std::string& list, const std::string& item, size_t maxHost
     for (auto& n : names) n += literal;
     if (open == std::string::npos) break;
     size_t close = item.find(']', open);
-    std::vector<std::string> values = expandRanges(list, item.substr(open + 1, close - open - 1), maxHosts);
+    std::vector<std::string> values = expandRanges(list, item.substr(open + 1, close - open - 1), maxHosts, firstOnly);
     if (names.size() * values.size() + out.size() > maxHosts) malformed(list, "too many hosts");
     std::vector<std::string> next;
     next.reserve(names.size() * values.size());
@@ -91,6 +95,7 @@ void expandItem(const std::string& list, const std::string& item, size_t maxHost
     names.swap(next);
     pos = close + 1;
   }
+  if (out.size() + names.size() > maxHosts) malformed(list, "too many hosts");
   for (auto& n : names) out.push_back(std::move(n));
 }
 
@@ -105,8 +110,9 @@ std::vector<std::string> expandHostList(const std::string& list, size_t maxHosts
 std::string firstHost(const std::string& list) {
   auto items = splitTopLevel(list);
   std::vector<std::string> out;
-  // Expanding the first item alone, capped, is enough: its first name is the first host.
-  expandItem(list, items.front(), 1u << 20, out);
+  // The first value of each bracket group of the first item makes the first host (the rest of the
+  // item is checked, not expanded).
+  expandItem(list, items.front(), 1, out, true);
   return out.front();
 }
 

@@ -9,6 +9,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "collectives/plan.hpp"
+#include "core/dump_signal.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
@@ -88,6 +89,7 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
     conns_.clear();
     throw;
   }
+  registerForDump(this);
 }
 
 void CommImpl::join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin) {
@@ -235,6 +237,7 @@ int CommImpl::localRank() const {
 }
 
 CommImpl::~CommImpl() {
+  unregisterForDump(this);
   failure_->setHook(nullptr);
   if (progress_) progress_->detach();
   Status bye = Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was destroyed", name_.c_str()));
@@ -514,6 +517,26 @@ std::string CommImpl::diagnose() noexcept {
   } catch (const std::exception& e) {
     return std::string("no hang report: ") + e.what();
   }
+}
+
+std::string CommImpl::dumpText() {
+  std::string out = strFormat("loom: rank %d of %d, communicator \"%s\": its last collectives, oldest first\n", rank_,
+                              size_, name_.c_str());
+  const std::vector<FlightEntry> entries = flight_.snapshot();
+  out += formatFlight(entries, 16);
+  int64_t seq = -1;  // the oldest collective this rank is in
+  for (const FlightEntry& e : entries)
+    if (e.state == FlightEntry::State::Running && (seq < 0 || e.seq < seq)) seq = e.seq;
+  if (seq >= 0 && !failure_->failed()) {
+    try {
+      out += hangReport(seq, std::chrono::milliseconds(2500)) + "\n";
+    } catch (const std::exception& e) {
+      out += strFormat("  no hang report: %s\n", e.what());
+    }
+  } else {
+    out += "  not inside a collective now\n";
+  }
+  return out;
 }
 
 void CommImpl::answerDumpRequests() {

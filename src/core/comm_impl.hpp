@@ -107,6 +107,9 @@ class CommImpl : public Progressable {
   /// The report for collective `seq` from whatever records answer within `waitFor`.
   std::string hangReport(int64_t seq, std::chrono::milliseconds waitFor);
   const FlightRecorder& flightRecorder() const { return flight_; }
+  /// What a dump signal prints (core/dump_signal.hpp): this rank's recent collectives and, inside
+  /// one, the hang report.
+  std::string dumpText();
   /// Publishes this rank's record if a dump was requested since it last did (store counter).
   void answerDumpRequests();
 

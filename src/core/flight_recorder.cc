@@ -143,6 +143,24 @@ std::string rankList(const std::vector<int>& ranks) {
   return out;
 }
 
+std::string formatFlight(const std::vector<FlightEntry>& entries, size_t last) {
+  std::string out;
+  const size_t from = entries.size() > last ? entries.size() - last : 0;
+  for (size_t i = from; i < entries.size(); ++i) {
+    const FlightEntry& e = entries[i];
+    const char* state = e.state == FlightEntry::State::Running  ? "running"
+                        : e.state == FlightEntry::State::Done   ? "done"
+                        : e.state == FlightEntry::State::Failed ? "failed"
+                                                                : "queued";
+    out += strFormat("  #%-6lld %-8s %-40s %-8s", static_cast<long long>(e.seq), state,
+                     describeSignature(e.sig).c_str(), e.algo.c_str());
+    if (e.startAge >= 0) out += strFormat(" started %.1f s ago", e.startAge);
+    if (e.endAge >= 0) out += strFormat(", ended %.1f s ago", e.endAge);
+    out += "\n";
+  }
+  return out;
+}
+
 std::string hangReport(int size, const std::map<int, std::vector<FlightEntry>>& byRank, int64_t seq) {
   // What the collective is, from whoever is in it.
   uint64_t sig = 0;

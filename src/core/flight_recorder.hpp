@@ -57,6 +57,10 @@ std::vector<FlightEntry> parseFlight(const std::string& text);
 ///    in it since 31.2 s; rank 3's last completed op is broadcast #1041".
 std::string hangReport(int size, const std::map<int, std::vector<FlightEntry>>& byRank, int64_t seq);
 
+/// The last `last` entries, one line each: "  #42     done     all_reduce of 1024 float32 (sum)  ring
+/// started 3.1 s ago, ended 3.0 s ago".
+std::string formatFlight(const std::vector<FlightEntry>& entries, size_t last);
+
 /// "0-2,5,7-8".
 std::string rankList(const std::vector<int>& ranks);
 

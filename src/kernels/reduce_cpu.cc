@@ -1,7 +1,9 @@
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
 
+#include "kernels/half_bits.hpp"
 #include "kernels/reduce.hpp"
 
 namespace loom {
@@ -28,8 +30,20 @@ LOOM_INLINE Bf16 fromFloat(float f, Bf16) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return Bf16{static_cast<uint16_t>(u >> 16)};
 }
-LOOM_INLINE float toFloat(_Float16 v) { return static_cast<float>(v); }
-LOOM_INLINE _Float16 fromFloat(float f, _Float16) { return static_cast<_Float16>(f); }
+#if defined(__FLT16_MAX__)
+// float16 as the compiler's type (GCC 12; clang from 15 on).
+using Half = _Float16;
+LOOM_INLINE float toFloat(Half v) { return static_cast<float>(v); }
+LOOM_INLINE Half fromFloat(float f, Half) { return static_cast<Half>(f); }
+#else
+// A compiler without _Float16 on this target (clang 14, which tools/fuzz.sh uses): float16 as its
+// bits, converted in software with the same rounding (half_bits.hpp).
+struct Half {
+  uint16_t bits;
+};
+LOOM_INLINE float toFloat(Half v) { return halfBitsToFloat(v.bits); }
+LOOM_INLINE Half fromFloat(float f, Half) { return Half{floatToHalfBits(f)}; }
+#endif
 
 // Integer arithmetic goes through the unsigned type: it wraps instead of overflowing.
 template <typename T>
@@ -116,7 +130,7 @@ LOOM_KERNELS_FOR(i32, int32_t, loop)
 LOOM_KERNELS_FOR(u32, uint32_t, loop)
 LOOM_KERNELS_FOR(i64, int64_t, loop)
 LOOM_KERNELS_FOR(u64, uint64_t, loop)
-LOOM_KERNELS_FOR(f16generic, _Float16, loopHalf)
+LOOM_KERNELS_FOR(f16generic, Half, loopHalf)
 
 // float16 with F16C: GCC 12 does not vectorise _Float16 conversions, so these convert eight at a
 // time by hand. Same operand order as the scalar ops (a < b ? b : a), so results match bit for bit.
@@ -149,14 +163,15 @@ __attribute__((target("avx2,f16c"))) void f16c(void* d, const void* a, const voi
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dp + i), _mm256_cvtps_ph(V::f(x, y), _MM_FROUND_TO_NEAREST_INT));
   }
   if (i < n)
-    loopHalf<_Float16, Op>(reinterpret_cast<_Float16*>(dp + i), reinterpret_cast<const _Float16*>(ap + i),
-                           reinterpret_cast<const _Float16*>(bp + i), n - i);
+    loopHalf<Half, Op>(reinterpret_cast<Half*>(dp + i), reinterpret_cast<const Half*>(ap + i),
+                       reinterpret_cast<const Half*>(bp + i), n - i);
 }
 
 bool haveF16c() {
   static const bool yes = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0;  // F16C is CPUID leaf 1, ECX (not every compiler names it)
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
   }();
   return yes;
 }
@@ -216,7 +231,7 @@ void divide(void* buf, size_t n, DataType type, int k) {
     case DataType::Uint64:
       return divideInt(static_cast<uint64_t*>(buf), n, k);
     case DataType::Float16:
-      return divideHalf(static_cast<_Float16*>(buf), n, k);
+      return divideHalf(static_cast<Half*>(buf), n, k);
     case DataType::Bfloat16:
       return divideHalf(static_cast<Bf16*>(buf), n, k);
     case DataType::Float32: {
@@ -234,20 +249,25 @@ void divide(void* buf, size_t n, DataType type, int k) {
 
 const char* isaName() {
   __builtin_cpu_init();
+#if defined(__clang__) && __clang_major__ < 16  // no micro-architecture levels: their main feature
+  if (__builtin_cpu_supports("avx512f")) return "avx512";
+  if (__builtin_cpu_supports("avx2")) return "avx2";
+#else
   if (__builtin_cpu_supports("x86-64-v4")) return "avx512";
   if (__builtin_cpu_supports("x86-64-v3")) return "avx2";
+#endif
   return "baseline";
 }
 
 float bf16ToFloat(uint16_t bits) { return toFloat(Bf16{bits}); }
 uint16_t floatToBf16(float f) { return fromFloat(f, Bf16{}).bits; }
 float fp16ToFloat(uint16_t bits) {
-  _Float16 h;
+  Half h;
   std::memcpy(&h, &bits, 2);
-  return static_cast<float>(h);
+  return toFloat(h);
 }
 uint16_t floatToFp16(float f) {
-  _Float16 h = static_cast<_Float16>(f);
+  const Half h = fromFloat(f, Half{});
   uint16_t bits;
   std::memcpy(&bits, &h, 2);
   return bits;

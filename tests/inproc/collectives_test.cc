@@ -436,6 +436,30 @@ TEST_P(Mismatch, DifferentCallsFailEveryRankSayingWhoCalledWhat) {
   }
 }
 
+// A mismatched message large enough to be pushed striped over several sockets: the receive it
+// matched fails, and the rest of its stripes, arriving on other sockets, are read and dropped
+// (found by tools/fuzz.sh: they were written through a null buffer).
+TEST(Mismatch, StripedPushOfAnotherCallIsDropped) {
+  loomtest::TransportSetup links("mixed");  // two hosts: the check is the messages' own
+  EnvGuard sockets("LOOM_SOCKETS_PER_PEER", "2");
+  EnvGuard untuned("LOOM_TUNE", "0");
+  for (const char* algo : {"ring", "rd"}) {
+    EnvGuard forced("LOOM_ALGO", algo);
+    loom::Options o;
+    o.timeout = std::chrono::seconds(20);
+    auto results = loomtest::runRanks(
+        2,
+        [&](loom::Communicator& c) {
+          std::vector<float> v(400 * 1024, 1.0f);
+          c.allReduce(v.data(), v.data(), v.size(), c.rank() == 0 ? DataType::Float32 : DataType::Int32, ReduceOp::Sum);
+        },
+        o);
+    for (size_t r = 0; r < results.size(); ++r)
+      EXPECT_NE(results[r].error.find("all_reduce of 409600 int32 (sum)"), std::string::npos)
+          << algo << " rank " << r << ": " << results[r].error;
+  }
+}
+
 // A rank that never enters a collective the others wait in: at the deadline each waiting rank's
 // error carries the hang report gathered from every rank's flight record, naming the rank that
 // is missing and what it did last. (Rank 2 sits in a receive nobody answers: asleep in a Loom

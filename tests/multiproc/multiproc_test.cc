@@ -414,7 +414,7 @@ TEST(RealLaunchers, OpenMpiMpirun) {
   EXPECT_NE(out.find("rank 1 received tensor [1, 1, 1, 1, 1, 1, 1, 1, 1, 1] from rank 0"), std::string::npos) << out;
 }
 
-// ---- Faults: a rank killed, stopped, or never entering a collective. ----
+// ---- The data-parallel example (examples/ddp_linear_regression.cc). ----
 
 namespace {
 
@@ -423,6 +423,81 @@ int countOf(const std::string& text, const std::string& what) {
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
 }
+
+// Checks a run of the DDP example: the loss printed by rank 0 only, once per epoch, falling; the
+// checkpoint written once, by rank 0; the same weights checksum on every one of n ranks. Returns
+// the checksum.
+std::string checkDdpRun(const std::string& out, int n, const std::string& checkpoint, int epochs) {
+  EXPECT_EQ(countOf(out, "epoch "), epochs) << out;
+  EXPECT_EQ(countOf(out, "saved the checkpoint"), 1) << out;
+  EXPECT_NE(out.find("rank 0 saved the checkpoint to " + checkpoint), std::string::npos) << out;
+  std::ifstream ck(checkpoint, std::ios::binary | std::ios::ate);
+  EXPECT_EQ(static_cast<long>(ck.tellg()), 33 * 4) << "checkpoint " << checkpoint;
+  std::remove(checkpoint.c_str());
+  // Loss of the first and the last epoch.
+  const size_t first = out.find("loss "), last = out.rfind("loss ");
+  if (first != std::string::npos && last != first) {
+    EXPECT_LT(std::atof(out.c_str() + last + 5), std::atof(out.c_str() + first + 5)) << out;
+  }
+  std::set<std::string> sums;
+  for (size_t at = out.find("weights checksum "); at != std::string::npos; at = out.find("weights checksum ", at + 1))
+    sums.insert(out.substr(at + 17, 16));
+  EXPECT_EQ(countOf(out, "weights checksum "), n) << out;
+  EXPECT_EQ(sums.size(), 1u) << "replicas differ:\n" << out;
+  return sums.empty() ? "" : *sums.begin();
+}
+
+}  // namespace
+
+TEST(DdpExample, TrainsUnderLoomrunWithIdenticalReplicas) {
+  for (int n : {1, 3, 4}) {
+    const std::string ck = "/tmp/loom-ddp-test-" + std::to_string(getpid()) + ".bin";
+    std::string out;
+    const int rc = finish(
+        start({path("LOOMRUN"), "-n", std::to_string(n), path("LOOM_DDP_EXAMPLE"), "--epochs", "4", "--checkpoint", ck},
+              {}),
+        120, &out);
+    EXPECT_EQ(rc, 0) << out;
+    checkDdpRun(out, n, ck, 4);
+  }
+}
+
+TEST(DdpExample, TrainsUnderMpirun) {
+  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "Open MPI's mpirun is not installed (apt-get install openmpi-bin)";
+  }
+  const std::string ck = "/tmp/loom-ddp-mpi-" + std::to_string(getpid()) + ".bin";
+  std::string out;
+  const int rc = finish(start({"mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "4",
+                               path("LOOM_DDP_EXAMPLE"), "--epochs", "3", "--checkpoint", ck},
+                              {{"OMPI_MCA_mpi_yield_when_idle", "1"}}),
+                        120, &out);
+  EXPECT_EQ(rc, 0) << out;
+  checkDdpRun(out, 4, ck, 3);
+}
+
+// A real Slurm (tools/slurm-local: slurmctld, slurmd and munge on this machine): srun starts the
+// ranks, which find their rank, world size and rendezvous host in Slurm's variables.
+TEST(RealLaunchers, SlurmSrun) {
+  if (geteuid() != 0) GTEST_SKIP() << "tools/slurm-local starts Slurm's daemons, which needs root";
+  std::string setup;
+  const int rc = finish(start({path("SLURM_LOCAL"), "start"}, {}), 180, &setup);
+  if (rc != 0) GTEST_SKIP() << "could not start a local Slurm (tools/slurm-local start): " << setup;
+  std::string out;
+  EXPECT_EQ(finish(start({"srun", "-n", "4", path("LOOM_EXAMPLE")}, {}), 120, &out), 0) << out;
+  EXPECT_NE(out.find("rank 1 received tensor [1, 1, 1, 1, 1, 1, 1, 1, 1, 1] from rank 0"), std::string::npos) << out;
+  const std::string ck = "/tmp/loom-ddp-srun-" + std::to_string(getpid()) + ".bin";
+  out.clear();
+  EXPECT_EQ(
+      finish(start({"srun", "-n", "4", path("LOOM_DDP_EXAMPLE"), "--epochs", "3", "--checkpoint", ck}, {}), 120, &out),
+      0)
+      << out;
+  checkDdpRun(out, 4, ck, 3);
+}
+
+// ---- Faults: a rank killed, stopped, or never entering a collective. ----
+
+namespace {
 
 // Starts n loop workers (all-reduces of 4 MiB until one fails) and waits until rank `watch` loops.
 std::vector<Proc> startLooping(int n, int watch, const Env& extra) {
@@ -495,11 +570,11 @@ TEST(Faults, SigstopIsATimeoutWhoseReportNamesTheStoppedRank) {
 }
 
 // A rank busy outside Loom while the others wait in a collective: loom-info --dump, run by hand
-// against the live job, prints who waits and who did not answer; at the deadline, each waiting
-// rank's error carries the same report.
+// against the live job, prints who waits and who did not answer; so does each rank on the dump
+// signal (LOOM_DUMP_SIGNAL); at the deadline, each waiting rank's error carries the same report.
 TEST(Faults, HangIsExplainedOnDemandAndAtTheDeadline) {
   Proc job = start({path("LOOMRUN"), "-n", "4", path("LOOM_TEST_WORKER"), "hang"},
-                   {{"HANG_RANK", "2"}, {"LOOM_TIMEOUT", "8"}});
+                   {{"HANG_RANK", "2"}, {"LOOM_TIMEOUT", "14"}, {"LOOM_DUMP_SIGNAL", "USR1"}});
   for (int i = 0; i < 200; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     std::ifstream f(job.outFile);
@@ -522,9 +597,16 @@ TEST(Faults, HangIsExplainedOnDemandAndAtTheDeadline) {
   EXPECT_NE(dump.find("hang report for all_reduce #1 of 1024 float32 (sum)"), std::string::npos) << dump;
   EXPECT_NE(dump.find("rank 2 did not answer"), std::string::npos) << dump;
   EXPECT_NE(dump.find("ranks 0-1,3 are waiting in it since"), std::string::npos) << dump;
+  // Every rank prints its record on the signal; the waiting ones add the gathered report.
+  EXPECT_EQ(std::system("pkill -USR1 -x loom_mp_worker"), 0);
   std::string out;
   EXPECT_NE(finish(job, 60, &out), 0);
-  EXPECT_NE(out.find("timed out after 8"), std::string::npos) << out;
+  EXPECT_EQ(countOf(out, "its last collectives, oldest first"), 4) << out;
+  EXPECT_EQ(countOf(out, "not inside a collective now"), 1) << out;  // rank 2
+  // Three on the signal, then one at least at the deadline (loomrun stops the others once the
+  // first rank exits, perhaps before they print theirs).
+  EXPECT_GE(countOf(out, "hang report for all_reduce #1 of 1024 float32 (sum)"), 3 + 1) << out;
+  EXPECT_NE(out.find("timed out after 14"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 2 did not answer"), std::string::npos) << out;
 }
 

@@ -141,7 +141,9 @@ int main(int argc, char** argv) {
       std::printf("hanging\n");
       std::fflush(stdout);
       if (c.rank() == std::atoi(std::getenv("HANG_RANK"))) {
-        sleep(600);
+        // Busy outside Loom; a signal (LOOM_DUMP_SIGNAL) does not cut the sleep short.
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+        while (std::chrono::steady_clock::now() < end) sleep(1);
         return 0;
       }
       c.allReduce(v.data(), v.data(), v.size(), loom::DataType::Float32, loom::ReduceOp::Sum);

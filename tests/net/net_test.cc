@@ -285,6 +285,31 @@ TEST(Net, HierarchicalAllReduceIsChosenAcrossNodesOfSeveralRanks) {
   EXPECT_EQ(r.code, 0) << r.out;
 }
 
+// The data-parallel example across two nodes of two ranks (shared memory within, TCP between):
+// the loss printed once per epoch, by rank 0; the same weights on all four ranks.
+TEST(Net, DdpExampleTrainsAcrossNodesWithIdenticalReplicas) {
+  SKIP_WITHOUT_NAMESPACES();
+  Cluster cl(2);
+  ASSERT_TRUE(cl.ok());
+  Result r = cl.run("2", {path("DDP_EXAMPLE"), "--epochs", "3", "--checkpoint", "/tmp/loom-ddp-net.bin"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  size_t epochs = 0, sums = 0;
+  std::string first;
+  bool same = true;
+  for (size_t at = r.out.find("epoch "); at != std::string::npos; at = r.out.find("epoch ", at + 1)) ++epochs;
+  for (size_t at = r.out.find("weights checksum "); at != std::string::npos;
+       at = r.out.find("weights checksum ", at + 1)) {
+    const std::string sum = r.out.substr(at + 17, 16);
+    if (first.empty()) first = sum;
+    same = same && sum == first;
+    ++sums;
+  }
+  EXPECT_EQ(epochs, 3u) << r.out;
+  EXPECT_EQ(sums, 4u) << r.out;
+  EXPECT_TRUE(same) << "replicas differ:\n" << r.out;
+  std::remove("/tmp/loom-ddp-net.bin");
+}
+
 // ---- Launchers and the benchmark across nodes. ----
 
 TEST(Net, AllReducePerfAcrossNodesWithLoomrun) {

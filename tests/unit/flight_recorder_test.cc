@@ -1,8 +1,12 @@
-// The flight recorder and the hang report built from every rank's record.
+// The flight recorder, the hang report built from every rank's record, and the dump signal's setting.
 #include "core/flight_recorder.hpp"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <string>
+
+#include "core/dump_signal.hpp"
 #include "core/signature.hpp"
 
 using loom::FlightEntry;
@@ -73,4 +77,32 @@ TEST(FlightRecorder, RankListsAreCompact) {
   EXPECT_EQ(loom::rankList({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
   EXPECT_EQ(loom::rankList({}), "");
   EXPECT_EQ(loom::rankList({4}), "4");
+}
+
+TEST(DumpSignal, NamesAndNumbersAreReadAndKillIsRefused) {
+  using loom::detail::dumpSignalNumber;
+  EXPECT_EQ(dumpSignalNumber(""), 0);
+  EXPECT_EQ(dumpSignalNumber("USR1"), SIGUSR1);
+  EXPECT_EQ(dumpSignalNumber("SIGUSR2"), SIGUSR2);
+  EXPECT_EQ(dumpSignalNumber(std::to_string(SIGRTMIN)), SIGRTMIN);
+  EXPECT_EQ(dumpSignalNumber("KILL"), -1);
+  EXPECT_EQ(dumpSignalNumber("9"), -1);
+  EXPECT_EQ(dumpSignalNumber("19"), -1);  // SIGSTOP
+  EXPECT_EQ(dumpSignalNumber("0"), -1);
+  EXPECT_EQ(dumpSignalNumber("10x"), -1);
+}
+
+TEST(FlightRecorder, FormatShowsTheLastEntriesWithTheirState) {
+  loom::FlightRecorder f;
+  f.queued(0, 0);
+  f.running(0, 0, "ring");
+  f.finished(0, true);
+  f.queued(1, 0);
+  f.running(1, 0, "rd");
+  const std::string all = loom::formatFlight(f.snapshot(), 16), last = loom::formatFlight(f.snapshot(), 1);
+  EXPECT_NE(all.find("#0      done"), std::string::npos) << all;
+  EXPECT_NE(all.find("#1      running"), std::string::npos) << all;
+  EXPECT_NE(all.find("ended"), std::string::npos) << all;
+  EXPECT_EQ(last.find("#0"), std::string::npos) << last;
+  EXPECT_NE(last.find("rd"), std::string::npos) << last;
 }

@@ -27,6 +27,9 @@ TEST(HostList, FirstHost) {
   EXPECT_EQ(firstHost("node[01-04,07]"), "node01");
   EXPECT_EQ(firstHost("login1,node[1-9999999]"), "login1");
   EXPECT_EQ(firstHost("127.0.0.[1-4]"), "127.0.0.1");
+  // Only the first name is made, however many the item holds; the item is still checked.
+  EXPECT_EQ(firstHost("r[0-999999]n[0-999999]"), "r0n0");
+  EXPECT_THROW(firstHost("r[0-9]n[5-1]"), loom::Error);
 }
 
 TEST(HostList, MalformedListsAreErrors) {
@@ -38,4 +41,7 @@ TEST(HostList, MalformedListsAreErrors) {
 TEST(HostList, HugeExpansionIsRefused) {
   EXPECT_THROW(expandHostList("n[0-99999999999]"), loom::Error);
   EXPECT_THROW(expandHostList("a[0-9999]b[0-9999]", 1000000), loom::Error);
+  // Names without brackets count too (found by tools/fuzz.sh).
+  EXPECT_EQ(expandHostList("n[1-3],x", 4).size(), 4u);
+  EXPECT_THROW(expandHostList("n[1-3],x,y", 4), loom::Error);
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/half_bits.hpp"
 #include "kernels/reduce.hpp"
 
 using loom::DataType;
@@ -53,6 +54,57 @@ TEST(Kernels, HalfTypesMatchTheScalarDefinitionBitForBit) {
         }
       }
 }
+
+#if defined(__FLT16_MAX__)
+// The software float16 conversions (the fuzzing build's, whose clang has no _Float16) against the
+// compiler's: every half, and floats at and beside every rounding boundary.
+TEST(Kernels, SoftwareHalfConversionsMatchTheHardware) {
+  auto bitsOf = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  auto floatOf = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  auto hw = [](float f) {
+    const _Float16 h = static_cast<_Float16>(f);
+    uint16_t b;
+    std::memcpy(&b, &h, 2);
+    return b;
+  };
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    _Float16 x;
+    const uint16_t b = static_cast<uint16_t>(h);
+    std::memcpy(&x, &b, 2);
+    ASSERT_EQ(bitsOf(k::halfBitsToFloat(b)), bitsOf(static_cast<float>(x))) << std::hex << h;
+    // Each half, the midpoint to the next one up, and one float ulp either side of both.
+    const uint32_t at = bitsOf(static_cast<float>(x));
+    if (std::isnan(static_cast<float>(x))) {
+      ASSERT_TRUE(std::isnan(k::halfBitsToFloat(k::floatToHalfBits(floatOf(at)))));
+      continue;
+    }
+    _Float16 up;
+    const uint16_t ub = static_cast<uint16_t>(h + 1);
+    std::memcpy(&up, &ub, 2);
+    const float mid = (static_cast<float>(x) + static_cast<float>(up)) / 2;
+    for (uint32_t base : {at, bitsOf(mid)})
+      for (int d = -1; d <= 1; ++d) {
+        const float f = floatOf(base + static_cast<uint32_t>(d));
+        if (std::isnan(f)) continue;
+        ASSERT_EQ(k::floatToHalfBits(f), hw(f)) << std::hex << "float bits " << bitsOf(f);
+      }
+  }
+  std::mt19937 rng(5);
+  for (int i = 0; i < 1000000; ++i) {
+    const float f = floatOf(static_cast<uint32_t>(rng()));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(k::floatToHalfBits(f), hw(f)) << std::hex << "float bits " << bitsOf(f);
+  }
+}
+#endif
 
 TEST(Kernels, IntegersWrapAndFloatsAreExact) {
   int8_t a[3] = {127, -128, 100}, b[3] = {1, -1, 100}, d[3];

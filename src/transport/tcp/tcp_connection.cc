@@ -643,7 +643,8 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       s.inPayload = true;
       s.sink = Sink::Data;
       s.remaining = s.payloadLen = h.b;
-      s.target = op.buf + h.a;
+      // A refused PUSH (its receive failed) has no buffer: its bytes are read and dropped.
+      s.target = op.buf != nullptr ? op.buf + h.a : nullptr;
       s.op = it->second;
       return Status::success();
     }

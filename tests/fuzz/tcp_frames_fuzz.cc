@@ -1,0 +1,125 @@
+// The TCP transport's frame reader (tcp_connection.cc), on whatever a peer or a stray process
+// writes into a connection. One TcpConnection per input, over one or two socket pairs, with a few
+// receives (and maybe a send) posted; the input is fed in chunks into the far ends while the
+// connection is polled, then the far ends close. Whatever arrives must end as completed or failed
+// requests: no crash, no read or write outside a buffer (AddressSanitizer), no hang.
+//
+// Input: byte 0 = flags (bit 0: two streams; bits 1-2: receives to post; bit 3: post a send);
+// then two bytes per receive (tag selector, size selector); then chunks, each a control byte
+// (bit 0: stream; bits 1-7: length - 1) followed by up to that many bytes.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/progress_engine.hpp"
+#include "core/request.hpp"
+#include "transport/tcp/tcp_connection.hpp"
+
+namespace {
+
+using namespace loom;
+
+ProgressEngine& engine() {
+  static ProgressEngine* e = new ProgressEngine(0);  // never registered with (start() is not called)
+  return *e;
+}
+
+void drain(int fd) {
+  uint8_t sink[65536];
+  while (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+  }
+}
+
+void writeAll(int fd, const uint8_t* p, size_t n, tcp::TcpConnection& conn, int far[2], size_t streams) {
+  while (n > 0) {
+    const ssize_t w = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) {
+      p += w;
+      n -= static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;  // the connection closed its end
+    // Full: let the connection read (and what it writes be taken).
+    const bool moved = conn.poll();
+    for (size_t i = 0; i < streams; ++i) drain(far[i]);
+    if (!moved && conn.poll() == false) {
+      // Nothing read: the reader holds back (a DATA frame waiting for its PUSH); give up this chunk.
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const uint8_t flags = data[0];
+  size_t at = 1;
+  const size_t streams = (flags & 1) ? 2 : 1;
+  const int receives = (flags >> 1) & 3;
+  const bool postSend = (flags & 8) != 0;
+
+  int far[2] = {-1, -1};
+  std::vector<Socket> near;
+  for (size_t i = 0; i < streams; ++i) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 0;
+    fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
+    near.emplace_back(sv[0]);
+    far[i] = sv[1];
+  }
+
+  auto failure = std::make_shared<FailureState>();
+  tcp::TcpOptions options;
+  options.eagerBytes = 1024;  // small limits so that short inputs reach every path
+  options.stripeMinBytes = 512;
+  options.pushBytes = 64 * 1024;
+  options.readyBytes = 64 * 1024;
+  std::atomic<int> sleepers{0};
+  std::vector<std::vector<uint8_t>> buffers;
+  std::vector<RequestPtr> requests;
+  {
+    tcp::TcpConnection conn(0, 1, std::move(near), &engine(), &engine(), failure, options, "fuzz peer", &sleepers);
+    conn.pollBegin();
+    for (int r = 0; r < receives && at + 2 <= size; ++r, at += 2) {
+      const uint32_t tag = (data[at] & 3) | ((data[at] & 4) ? kCollectiveTagBit : 0u);
+      const size_t bytes = static_cast<size_t>(data[at + 1]) * 257;
+      buffers.emplace_back(bytes);
+      auto req = std::make_shared<detail::Request>(0, 1, "fuzz recv", std::chrono::milliseconds(1000), failure);
+      requests.push_back(req);
+      conn.irecv(req, buffers.back().data(), bytes, tag);
+    }
+    static const std::vector<uint8_t> payload(4096, 0x5a);
+    if (postSend) {
+      auto req = std::make_shared<detail::Request>(0, 1, "fuzz send", std::chrono::milliseconds(1000), failure);
+      requests.push_back(req);
+      conn.isend(req, payload.data(), payload.size(), kCollectiveTagBit | 1);
+    }
+    while (at < size) {
+      const uint8_t c = data[at++];
+      const size_t stream = (c & 1) % streams;
+      const size_t len = std::min<size_t>((c >> 1) + 1, size - at);
+      writeAll(far[stream], data + at, len, conn, far, streams);
+      at += len;
+      conn.poll();
+      for (size_t i = 0; i < streams; ++i) drain(far[i]);
+    }
+    for (size_t i = 0; i < streams; ++i) {
+      close(far[i]);
+      far[i] = -1;
+    }
+    for (int i = 0; i < 4; ++i) conn.poll();
+    conn.pollEnd();
+  }  // destroying the connection fails what is still pending
+  for (const auto& r : requests)
+    if (!r->done()) __builtin_trap();  // every request ends, one way or the other
+  return 0;
+}
