@@ -30,8 +30,8 @@ struct CostModel {
   size_t channelMinBytes = 256 * 1024;  ///< LOOM_RING_CHANNEL_MIN_BYTES
 };
 
-/// LOOM_SHM_DIRECT_MIN_BYTES.
-size_t directMinBytesFromEnv();
+/// LOOM_SHM_DIRECT_MIN_BYTES, or its default for a communicator of `ranks` ranks on one node.
+size_t directMinBytesFromEnv(int ranks);
 /// The model from the environment, for links of `transport` ("tcp": LOOM_TCP_LATENCY_US and
 /// LOOM_TCP_MBPS; "shm": LOOM_SHM_LATENCY_US and LOOM_SHM_MBPS).
 CostModel costModelFromEnv(const std::string& transport = "tcp");

@@ -240,7 +240,11 @@ CommImpl::~CommImpl() {
   unregisterForDump(this);
   failure_->setHook(nullptr);
   if (progress_) progress_->detach();
-  Status bye = Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was destroyed", name_.c_str()));
+  // The peers still connected learn why this rank goes: the failure that stopped it, if any
+  // (their own error then names the rank that caused it), else that it was destroyed.
+  Status bye = failure_->failed()
+                   ? failure_->first()
+                   : Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was destroyed", name_.c_str()));
   if (queue_) queue_->shutdown(bye);
   engine_->stop();
   sendEngine_->stop();
