@@ -74,10 +74,15 @@ void Context::wait(const RequestPtr& r) {
   } catch (const Error& e) {
     if (e.code() != ErrorCode::InvalidUsage) {
       // A link that failed or a peer that left: say in which collective this rank learnt it.
+      // The communicator is failed from here (a collective cannot go on without a member): every
+      // later call, and the goodbye this rank's peers get, carry this cause.
       const std::string where = strFormat("%s #%lld", name_, static_cast<long long>(seq_));
-      if (e.message().find(where) != std::string::npos) throw;
-      throw Status::error(e.code(), strFormat("%s (%s): %s", where.c_str(), algo_, e.message().c_str()), e.peer(), seq_)
-          .toError(comm_.rank());
+      Status s = e.message().find(where) != std::string::npos
+                     ? Status::error(e.code(), e.message(), e.peer(), seq_)
+                     : Status::error(e.code(), strFormat("%s (%s): %s", where.c_str(), algo_, e.message().c_str()),
+                                     e.peer(), seq_);
+      comm_.failureState()->fail(s);
+      throw s.toError(comm_.rank());
     }
     // A message of another call (its signature), or larger than the algorithm's receive: the ranks
     // disagree about this collective.

@@ -32,19 +32,6 @@ std::string hostName() {
   return buf;
 }
 
-std::string joinRanks(const std::vector<int>& ranks) {
-  // "0-2,5,7-8"
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += (out.empty() ? "" : ",") + std::to_string(ranks[i]);
-    if (j > i) out += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin)
@@ -128,7 +115,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
                          "Did they start, with the same world size and MASTER_ADDR/MASTER_PORT? (LOOM_INIT_TIMEOUT "
                          "sets the wait)",
                          size - static_cast<int>(absent.size()), size, name_.c_str(), access_.endpoint.c_str(),
-                         deadline.totalSeconds(), joinRanks(absent).c_str()));
+                         deadline.totalSeconds(), rankList(absent).c_str()));
   }
 
   // 2'. Which ranks share a node: equal host identities, numbered in order of their lowest rank.
@@ -176,7 +163,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
     std::vector<int> absent;
     for (const auto& k : missing) absent.push_back(std::stoi(k.substr(6)));
     LOOM_THROW(ErrorCode::Timeout, rank,
-               strFormat("rank(s) %s did not finish connecting within %.0f s", joinRanks(absent).c_str(),
+               strFormat("rank(s) %s did not finish connecting within %.0f s", rankList(absent).c_str(),
                          deadline.totalSeconds()));
   }
 
@@ -196,7 +183,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
       if (r != rank) byTransport[transportOf_[static_cast<size_t>(r)]].push_back(r);
     std::string summary;
     for (const auto& [t, ranks] : byTransport)
-      summary += strFormat("%s%s to rank(s) %s", summary.empty() ? "" : "; ", t.c_str(), joinRanks(ranks).c_str());
+      summary += strFormat("%s%s to rank(s) %s", summary.empty() ? "" : "; ", t.c_str(), rankList(ranks).c_str());
     LOOM_INFO("transports: %s", summary.empty() ? "none (one rank)" : summary.c_str());
   }
 }
@@ -418,15 +405,19 @@ RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)
   flight_.queued(seq, sig);
   queue_->submit(done, [this, body = std::move(body), seq] {
     AttendScope attend(progress_);
-    try {
-      body(seq);
-    } catch (...) {
-      flight_.finished(seq, false);
-      throw;
-    }
-    flight_.finished(seq, true);
+    runRecorded(seq, body);
   });
   return done;
+}
+
+void CommImpl::runRecorded(int64_t seq, const std::function<void(int64_t)>& body) {
+  try {
+    body(seq);
+  } catch (...) {
+    flight_.finished(seq, false);
+    throw;
+  }
+  flight_.finished(seq, true);
 }
 
 void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& body, uint64_t sig) {
@@ -436,13 +427,7 @@ void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& 
     AttendScope attend(progress_);
     const int64_t seq = nextSeq_.fetch_add(1);
     flight_.queued(seq, sig);
-    try {
-      body(seq);
-    } catch (...) {
-      flight_.finished(seq, false);
-      throw;
-    }
-    flight_.finished(seq, true);
+    runRecorded(seq, body);
   });
   if (!ran) submit(what, body, sig)->wait();
 }

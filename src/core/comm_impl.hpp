@@ -110,6 +110,8 @@ class CommImpl : public Progressable {
   /// What a dump signal prints (core/dump_signal.hpp): this rank's recent collectives and, inside
   /// one, the hang report.
   std::string dumpText();
+  /// Runs collective `seq` and records in the flight recorder whether it finished or failed.
+  void runRecorded(int64_t seq, const std::function<void(int64_t)>& body);
   /// Publishes this rank's record if a dump was requested since it last did (store counter).
   void answerDumpRequests();
 
