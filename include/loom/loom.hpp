@@ -18,9 +18,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom {
@@ -164,6 +167,28 @@ class UniqueId {
   std::array<uint8_t, kBytes> bytes_{};
 };
 
+/// Where this process sits in its job, as its launcher told it (see launchFromEnv).
+struct Launch {
+  /// "loomrun", "torchrun", "environment" (RANK/WORLD_SIZE), "openmpi", "hydra", "slurm", "explicit".
+  std::string launcher;
+  int rank = -1;
+  int size = -1;
+  int localRank = -1;  ///< -1 when no launcher said
+  int localSize = -1;  ///< -1 when no launcher said
+  /// Where rank 0 serves the rendezvous, and on which port (derived from the job id when the
+  /// launcher gives none, so that concurrent jobs on one node do not collide).
+  std::string masterAddr;
+  int masterPort = -1;
+  /// For each field, where it came from: {"rank", "3 from SLURM_PROCID"}.
+  std::vector<std::pair<std::string, std::string>> provenance;
+};
+
+/// Reads rank, world size, local rank and rendezvous address from the variables launchers set
+/// (LOOM_RANK, RANK/WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_*, MPICH's PMI_*, Slurm's SLURM_*), so
+/// that no one computes them by hand. Throws InvalidArgument naming the variable when a value is
+/// malformed or inconsistent, or when no launcher variable is set at all.
+Launch launchFromEnv();
+
 namespace detail {
 class Request;
 class CommImpl;
@@ -182,6 +207,13 @@ class Work {
   /// Waits at most `timeout`; on expiry throws ErrorCode::Timeout naming what was awaited, and
   /// marks the communicator failed (the peers may be stuck mid-protocol).
   void wait(std::chrono::milliseconds timeout);
+  /// Runs `fn` once the operation completes, with nullptr on success or the loom::Error it failed
+  /// with. If it has completed already, `fn` runs at once on this thread; otherwise on the Loom
+  /// thread that completes it (a progress or op-queue thread, or a thread waiting on it), with no
+  /// Loom lock held. Keep `fn` short: it delays that thread's other work. Callbacks run in the
+  /// order they were added; an exception thrown by `fn` is logged and dropped. This is how a
+  /// framework completes its own futures without a thread blocked per operation.
+  void onCompletion(std::function<void(std::exception_ptr error)> fn);
   /// Bytes moved into the receive buffer (receives), or bytes sent.
   size_t bytes() const;
   bool valid() const { return request_ != nullptr; }
@@ -265,6 +297,17 @@ class Communicator {
   void reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op);
   Work iallToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type);
   void allToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type);
+  /// All-to-all with a count per peer (as MPI_Alltoallv): sends sendCounts[j] elements starting at
+  /// element sendDispls[j] of sendbuf to rank j, and receives recvCounts[j] elements from rank j
+  /// at element recvDispls[j] of recvbuf. Each vector has one entry per rank. Rank i's
+  /// sendCounts[j] must equal rank j's recvCounts[i]: where they differ, both calls fail with
+  /// InvalidUsage. The buffers must not overlap (there is no in-place form).
+  Work iallToAllv(const void* sendbuf, const std::vector<size_t>& sendCounts, const std::vector<size_t>& sendDispls,
+                  void* recvbuf, const std::vector<size_t>& recvCounts, const std::vector<size_t>& recvDispls,
+                  DataType type);
+  void allToAllv(const void* sendbuf, const std::vector<size_t>& sendCounts, const std::vector<size_t>& sendDispls,
+                 void* recvbuf, const std::vector<size_t>& recvCounts, const std::vector<size_t>& recvDispls,
+                 DataType type);
 
   // ---- Lifetime and errors. ----
 

@@ -66,7 +66,9 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
                            ? a.count * a.elem * static_cast<size_t>(c.size())
                            : a.count * a.elem;
   const Algo algo = chooseAlgo(c, kind, bytes);
-  const uint64_t sig = makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
+  const uint64_t sig =
+      a.counts ? makeAllToAllvSignature(a.type)
+               : makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
   auto body = [&c, kind, a, algo, sig](int64_t seq) {
     c.enterCall(seq, sig, coll::algoName(algo));
     coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo), sig);
@@ -90,7 +92,7 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
       case Coll::ReduceScatter:
         return coll::reduceScatterRing(ctx, a);
       case Coll::AllToAll:
-        return coll::allToAllPairwise(ctx, a);
+        return a.counts ? coll::allToAllvPairwise(ctx, a) : coll::allToAllPairwise(ctx, a);
     }
   };
   if (async) return Work(c.submit(coll::collName(kind), body, sig));
@@ -177,6 +179,62 @@ Work allToAllImpl(const Communicator& comm, const void* s, void* r, size_t n, Da
   return launch(c, Coll::AllToAll, makeArgs(s, r, n, t, ReduceOp::Sum, 0), async);
 }
 
+// The extent in bytes of blocks at `displs` of `counts` elements (0 when all are empty).
+size_t extentOf(const detail::CommImpl& c, const std::vector<size_t>& counts, const std::vector<size_t>& displs,
+                size_t elem, const char* which) {
+  size_t end = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] == 0) continue;
+    if (displs[i] > SIZE_MAX / elem - counts[i]) {
+      LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+                 strFormat("all-to-all-v: %s block %zu (displacement %zu, count %zu) overflows", which, i, displs[i],
+                           counts[i]));
+    }
+    end = std::max(end, (displs[i] + counts[i]) * elem);
+  }
+  return end;
+}
+
+Work allToAllvImpl(const Communicator& comm, const void* s, const std::vector<size_t>& sendCounts,
+                   const std::vector<size_t>& sendDispls, void* r, const std::vector<size_t>& recvCounts,
+                   const std::vector<size_t>& recvDispls, DataType t, bool async) {
+  auto& c = implOf(comm);
+  c.checkOk();
+  c.checkBuffer(nullptr, 0, t, "all-to-all-v");  // the datatype
+  const auto n = static_cast<size_t>(c.size());
+  if (sendCounts.size() != n || sendDispls.size() != n || recvCounts.size() != n || recvDispls.size() != n) {
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+               strFormat("all-to-all-v: counts and displacements need %zu entries each (one per rank); got %zu, "
+                         "%zu, %zu, %zu",
+                         n, sendCounts.size(), sendDispls.size(), recvCounts.size(), recvDispls.size()));
+  }
+  const size_t elem = sizeOf(t);
+  const size_t sendBytes = extentOf(c, sendCounts, sendDispls, elem, "send");
+  const size_t recvBytes = extentOf(c, recvCounts, recvDispls, elem, "receive");
+  c.checkBuffer(s, sendBytes / elem, t, "all-to-all-v send");
+  c.checkBuffer(r, recvBytes / elem, t, "all-to-all-v receive");
+  if (sendBytes > 0 && recvBytes > 0) {
+    auto x = reinterpret_cast<uintptr_t>(s), y = reinterpret_cast<uintptr_t>(r);
+    if (x < y + recvBytes && y < x + sendBytes) {
+      LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+                 "all-to-all-v: the send and receive buffers overlap (it has no in-place form)");
+    }
+  }
+  const auto me = static_cast<size_t>(c.rank());
+  if (sendCounts[me] != recvCounts[me]) {
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+               strFormat("all-to-all-v: this rank sends itself %zu elements but expects %zu from itself",
+                         sendCounts[me], recvCounts[me]));
+  }
+  Args a = makeArgs(s, r, 0, t, ReduceOp::Sum, 0);
+  auto counts = std::make_shared<std::vector<size_t>>();
+  counts->reserve(4 * n);
+  for (const auto* v : {&sendCounts, &sendDispls, &recvCounts, &recvDispls})
+    counts->insert(counts->end(), v->begin(), v->end());
+  a.counts = std::move(counts);
+  return launch(c, Coll::AllToAll, a, async);
+}
+
 }  // namespace
 
 std::string Communicator::algorithmFor(const std::string& collective, size_t bytes) const {
@@ -221,5 +279,16 @@ Work Communicator::iallToAll(const void* s, void* r, size_t n, DataType t) {
   return allToAllImpl(*this, s, r, n, t, true);
 }
 void Communicator::allToAll(const void* s, void* r, size_t n, DataType t) { allToAllImpl(*this, s, r, n, t, false); }
+
+Work Communicator::iallToAllv(const void* s, const std::vector<size_t>& sendCounts,
+                              const std::vector<size_t>& sendDispls, void* r, const std::vector<size_t>& recvCounts,
+                              const std::vector<size_t>& recvDispls, DataType t) {
+  return allToAllvImpl(*this, s, sendCounts, sendDispls, r, recvCounts, recvDispls, t, true);
+}
+void Communicator::allToAllv(const void* s, const std::vector<size_t>& sendCounts,
+                             const std::vector<size_t>& sendDispls, void* r, const std::vector<size_t>& recvCounts,
+                             const std::vector<size_t>& recvDispls, DataType t) {
+  allToAllvImpl(*this, s, sendCounts, sendDispls, r, recvCounts, recvDispls, t, false);
+}
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct Args {
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
   size_t elem = 4;  ///< bytes per element
+  /// All-to-all with counts per peer: send counts, send displacements, receive counts, receive
+  /// displacements (elements), size() entries each, one after another. Null otherwise.
+  std::shared_ptr<const std::vector<size_t>> counts;
 };
 
 class Context {
@@ -125,6 +129,8 @@ void reduceBinomial(Context& c, const Args& a);
 void broadcastChain(Context& c, const Args& a);
 // pairwise.cc: all-to-all, every pair exchanging its block directly.
 void allToAllPairwise(Context& c, const Args& a);
+/// The same with a count and displacement per peer (Args::counts); not in place.
+void allToAllvPairwise(Context& c, const Args& a);
 // direct.cc: within one node, reading the peers' staged data in place (shared-memory arena):
 // the all-reduce at every size, broadcast and all-gather for small buffers (one barrier).
 void allReduceDirect(Context& c, const Args& a);

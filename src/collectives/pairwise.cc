@@ -31,5 +31,29 @@ void allToAllPairwise(Context& c, const Args& a) {
   c.waitAll(reqs);
 }
 
+void allToAllvPairwise(Context& c, const Args& a) {
+  const int n = c.size(), r = c.rank();
+  const size_t* sendCounts = a.counts->data();
+  const size_t* sendDispls = sendCounts + n;
+  const size_t* recvCounts = sendDispls + n;
+  const size_t* recvDispls = recvCounts + n;
+  const uint8_t* in = cbytes(a.send);
+  uint8_t* out = bytes(a.recv);
+  std::vector<RequestPtr> reqs;
+  // Every pair exchanges a message, empty ones too: a rank whose counts disagree with its peer's
+  // then fails on the size (Context::wait) instead of waiting for a message that never comes.
+  for (int k = 1; k < n; ++k) {
+    const int from = (r - k + n) % n;
+    reqs.push_back(c.recv(from, out + recvDispls[from] * a.elem, recvCounts[from] * a.elem));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (r + k) % n;
+    reqs.push_back(c.send(to, in + sendDispls[to] * a.elem, sendCounts[to] * a.elem));
+  }
+  if (sendCounts[r] > 0)
+    std::memmove(out + recvDispls[r] * a.elem, in + sendDispls[r] * a.elem, sendCounts[r] * a.elem);
+  c.waitAll(reqs);
+}
+
 }  // namespace coll
 }  // namespace loom

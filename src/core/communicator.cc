@@ -59,6 +59,20 @@ std::string UniqueId::toHex() const {
   return s;
 }
 
+Launch launchFromEnv() {
+  const LaunchInfo info = detectLaunch(processEnv());
+  Launch l;
+  l.launcher = info.launcher;
+  l.rank = info.rank;
+  l.size = info.size;
+  l.localRank = info.localRank;
+  l.localSize = info.localSize;
+  l.masterAddr = info.masterAddr;
+  l.masterPort = info.masterPort;
+  l.provenance = info.provenance;
+  return l;
+}
+
 // ---- Work ----
 
 Work::Work(std::shared_ptr<detail::Request> request) : request_(std::move(request)) {}
@@ -74,6 +88,13 @@ bool Work::test() { return checked(request_).test(); }
 void Work::wait() { checked(request_).wait(); }
 void Work::wait(std::chrono::milliseconds timeout) { checked(request_).wait(timeout); }
 size_t Work::bytes() const { return request_ ? request_->bytes() : 0; }
+
+void Work::onCompletion(std::function<void(std::exception_ptr)> fn) {
+  detail::Request& r = checked(request_);
+  const int rank = r.rank();
+  r.onDone(
+      [fn = std::move(fn), rank](const Status& s) { fn(s.ok ? nullptr : std::make_exception_ptr(s.toError(rank))); });
+}
 
 void waitAll(std::vector<Work>& works) {
   for (auto& w : works) w.wait();

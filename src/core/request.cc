@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "core/format.hpp"
+#include "core/logging.hpp"
 #include "core/param.hpp"
 
 namespace loom {
@@ -120,19 +121,48 @@ std::string Label::format(int peer) const {
 }
 
 void Request::complete(size_t bytes) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (done_.load(std::memory_order_relaxed)) return;
   bytes_ = bytes;
   done_.store(true, std::memory_order_release);
   if (sleepers_ > 0) cv_.notify_all();
+  if (!callbacks_.empty()) runCallbacks(lock);
 }
 
 void Request::fail(const Status& status) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (done_.load(std::memory_order_relaxed)) return;
   status_ = status;
   done_.store(true, std::memory_order_release);
   if (sleepers_ > 0) cv_.notify_all();
+  if (!callbacks_.empty()) runCallbacks(lock);
+}
+
+void Request::onDone(std::function<void(const Status&)> fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_.load(std::memory_order_relaxed)) {
+    callbacks_.push_back(std::move(fn));
+    return;
+  }
+  const Status s = status_;
+  lock.unlock();
+  fn(s);
+}
+
+void Request::runCallbacks(std::unique_lock<std::mutex>& lock) noexcept {
+  auto callbacks = std::move(callbacks_);
+  callbacks_.clear();
+  const Status s = status_;
+  lock.unlock();
+  for (auto& fn : callbacks) {
+    try {
+      fn(s);
+    } catch (const std::exception& e) {
+      LOOM_WARN("a completion callback threw: %s", e.what());
+    } catch (...) {
+      LOOM_WARN("a completion callback threw");
+    }
+  }
 }
 
 bool Request::waitUntil(Clock::time_point deadline) {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "core/deadline.hpp"
 #include "core/status.hpp"
@@ -181,6 +182,9 @@ class Request {
   void wait(std::chrono::milliseconds timeout);
   /// Throws the failure if done and failed; returns done().
   bool test();
+  /// Runs `fn` once the request is done: at once on this thread if it already is, else on the
+  /// thread that completes or fails it, after the request is marked done (no lock held).
+  void onDone(std::function<void(const Status&)> fn);
 
   Status status() const;
   size_t bytes() const { return bytes_; }
@@ -210,6 +214,8 @@ class Request {
   std::condition_variable cv_;
   Status status_;
   int sleepers_ = 0;
+  std::vector<std::function<void(const Status&)>> callbacks_;  // guarded by mu_, run once when done
+  void runCallbacks(std::unique_lock<std::mutex>& lock) noexcept;
 };
 
 }  // namespace detail

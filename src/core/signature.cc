@@ -31,11 +31,22 @@ uint64_t makeSignature(SigKind kind, DataType type, ReduceOp op, int root, size_
   return k << 61 | t << 57 | o << 54 | r << kCountBits | c;
 }
 
+// All-to-all takes no op: its op bits set to 7 mark the form with counts per peer.
+constexpr uint64_t kVariableOp = 7;
+
+uint64_t makeAllToAllvSignature(DataType type) {
+  return makeSignature(SigKind::AllToAll, type, ReduceOp::Sum, 0, 0) | kVariableOp << 54;
+}
+
 std::string describeSignature(uint64_t sig) {
   const uint64_t k = sig >> 61;
   if (k == 0) return "a point-to-point message";
   if (k == 7) return "barrier";
   const auto type = static_cast<DataType>((sig >> 57) & 15);
+  const auto typeName = [type] {
+    return static_cast<int>(type) <= static_cast<int>(DataType::Bfloat16) ? toString(type) : "?";
+  };
+  if (k == 6 && ((sig >> 54) & 7) == kVariableOp) return strFormat("all_to_all_v of %s", typeName());
   const auto op = static_cast<ReduceOp>((sig >> 54) & 7);
   const uint64_t root = (sig >> kCountBits) & kRootMask, count = sig & kCountMask;
   const bool reduces = k == 1 || k == 3 || k == 5;

@@ -33,6 +33,10 @@ enum class SigKind : uint8_t {
 /// where there is one (broadcast, reduce). `count` is the per-rank count the API was given.
 uint64_t makeSignature(SigKind kind, DataType type, ReduceOp op, int root, size_t count);
 
+/// The signature of an all-to-all with counts per peer: the counts differ between ranks, so only
+/// the kind (all-to-all, marked variable) and the datatype are compared.
+uint64_t makeAllToAllvSignature(DataType type);
+
 /// Whether a message with `theirs` may complete a receive posted with `mine`.
 inline bool signaturesAgree(uint64_t mine, uint64_t theirs) { return mine == 0 || theirs == 0 || mine == theirs; }
 
