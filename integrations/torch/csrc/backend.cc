@@ -1,0 +1,365 @@
+#include "backend.hpp"
+
+#include <Python.h>
+#include <c10/util/Exception.h>
+
+#include <numeric>
+
+#include "tensors.hpp"
+#include "work.hpp"
+
+namespace loom_torch {
+namespace {
+
+// The key rank 0 publishes Loom's rendezvous id under (in the group's PrefixStore).
+constexpr const char* kIdKey = "loom_unique_id";
+
+using OpType = c10d::OpType;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+// Starts one Loom operation and returns its LoomWork. `finisher` runs on success before the Work
+// completes; `keepAlive` holds staging tensors until then.
+template <typename Start>
+WorkPtr start(int rank, OpType type, const char* title, std::vector<at::Tensor> outputs, Start&& call,
+              std::function<void()> finisher = {}, std::vector<at::Tensor> keepAlive = {},
+              size_t expectBytes = SIZE_MAX) {
+  auto work =
+      c10::make_intrusive<LoomWork>(rank, type, title, std::move(outputs), std::move(finisher), std::move(keepAlive));
+  if (expectBytes != SIZE_MAX) work->expectBytes(expectBytes);
+  LoomWork::watch(work, call());
+  return work;
+}
+
+// A finisher copying `staged` back into `t` when they are different tensors (non-contiguous `t`).
+std::function<void()> copyBack(const at::Tensor& t, const at::Tensor& staged) {
+  if (staged.is_same(t)) return {};
+  return [t, staged]() mutable { t.copy_(staged); };
+}
+
+// One contiguous flat tensor holding `tensors` one after another.
+at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Copies consecutive pieces of `flat` into `tensors` (the inverse of flatten).
+void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+void checkRank(int rank, int size, const char* what, const char* op) {
+  TORCH_CHECK(rank >= 0 && rank < size, "loom: ", op, ": ", what, " ", rank, " is out of range (world size ", size,
+              ")");
+}
+
+void checkTag(int tag, const char* op) {
+  TORCH_CHECK(tag >= 0, "loom: ", op, ": tag ", tag, " is negative (tags are 0 to 2^31-1)");
+}
+
+}  // namespace
+
+ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                   std::chrono::milliseconds timeout)
+    : BackendBase(rank, size) {
+  TORCH_CHECK(store, "loom: init_process_group gave no store");
+  loom::UniqueId id;
+  if (rank == 0) {
+    id = loom::UniqueId::create();
+    const auto& b = id.bytes();
+    store->set(kIdKey, std::vector<uint8_t>(b.begin(), b.end()));
+  } else {
+    const std::vector<uint8_t> b = store->get(kIdKey);  // waits, up to the store's timeout
+    id = loom::UniqueId::fromBytes(b.data(), b.size());
+  }
+  loom::Options options;
+  options.timeout = timeout;
+  options.initTimeout = timeout;
+  options.name = "torch";
+  comm_ = std::make_unique<loom::Communicator>(rank, size, id, options);
+}
+
+ProcessGroupLoom::~ProcessGroupLoom() {
+  // Python drops the last reference with the GIL held. Closing the communicator waits for Loom's
+  // threads, and those may need the GIL for a moment (a completion releasing the last reference to
+  // a tensor that has a Python object): let them have it meanwhile.
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* state = PyEval_SaveThread();
+    comm_.reset();
+    PyEval_RestoreThread(state);
+  } else {
+    comm_.reset();
+  }
+}
+
+WorkPtr ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  at::Tensor& t = single(tensors, "broadcast");
+  checkRank(static_cast<int>(opts.rootRank), getSize(), "root rank", "broadcast");
+  TORCH_CHECK(opts.rootTensor == 0, "loom: broadcast: root tensor ", opts.rootTensor, " (one tensor per process)");
+  at::Tensor buf = contiguousView(t);
+  return start(getRank(), OpType::BROADCAST, "loom:broadcast", tensors,
+               [&] {
+                 return comm_->ibroadcast(buf.data_ptr(), buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8,
+                                          static_cast<int>(opts.rootRank));
+               },
+               copyBack(t, buf), {buf});
+}
+
+WorkPtr ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  at::Tensor& t = single(tensors, "allreduce");
+  const loom::DataType type = reduceType(t.scalar_type(), "allreduce");
+  const loom::ReduceOp op = reduceOp(opts.reduceOp, t.scalar_type(), "allreduce");
+  at::Tensor buf = contiguousView(t);
+  return start(
+      getRank(), OpType::ALLREDUCE, "loom:all_reduce", tensors,
+      [&] { return comm_->iallReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, op); },
+      copyBack(t, buf), {buf});
+}
+
+WorkPtr ProcessGroupLoom::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                              const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "loom: allreduce_coalesced: no tensors");
+  for (const auto& t : tensors) {
+    checkHostTensor(t, "allreduce_coalesced");
+    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "loom: allreduce_coalesced: tensors of dtypes ",
+                tensors[0].scalar_type(), " and ", t.scalar_type(), " (one dtype per call)");
+  }
+  const loom::DataType type = reduceType(tensors[0].scalar_type(), "allreduce_coalesced");
+  const loom::ReduceOp op = reduceOp(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
+  at::Tensor flat = flatten(tensors);
+  return start(
+      getRank(), OpType::ALLREDUCE_COALESCED, "loom:all_reduce_coalesced", tensors,
+      [&] { return comm_->iallReduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), type, op); },
+      [flat, tensors]() mutable { unflatten(flat, tensors); }, {flat});
+}
+
+WorkPtr ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  at::Tensor& t = single(tensors, "reduce");
+  checkRank(static_cast<int>(opts.rootRank), getSize(), "root rank", "reduce");
+  const loom::DataType type = reduceType(t.scalar_type(), "reduce");
+  const loom::ReduceOp op = reduceOp(opts.reduceOp, t.scalar_type(), "reduce");
+  at::Tensor buf = contiguousView(t);
+  return start(getRank(), OpType::REDUCE, "loom:reduce", tensors,
+               [&] {
+                 return comm_->ireduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, op,
+                                       static_cast<int>(opts.rootRank));
+               },
+               copyBack(t, buf), {buf});
+}
+
+WorkPtr ProcessGroupLoom::allgather(std::vector<std::vector<at::Tensor>>& outputTensors,
+                                    std::vector<at::Tensor>& inputTensors, const c10d::AllgatherOptions&) {
+  at::Tensor& in = single(inputTensors, "allgather");
+  TORCH_CHECK(outputTensors.size() == 1, "loom: allgather: expects one output list, got ", outputTensors.size());
+  std::vector<at::Tensor>& outs = outputTensors[0];
+  TORCH_CHECK(static_cast<int>(outs.size()) == getSize(), "loom: allgather: expects ", getSize(),
+              " output tensors (one per rank), got ", outs.size());
+  checkSameShape(outs, in, "allgather");
+  at::Tensor src = contiguousView(in);
+  at::Tensor flat = at::empty({static_cast<int64_t>(getSize()) * in.numel()}, in.options());
+  return start(
+      getRank(), OpType::ALLGATHER, "loom:all_gather", outs,
+      [&] { return comm_->iallGather(src.data_ptr(), flat.data_ptr(), bytesOf(src), loom::DataType::Uint8); },
+      [flat, outs]() mutable { unflatten(flat, outs); }, {src, flat});
+}
+
+WorkPtr ProcessGroupLoom::_allgather_base(at::Tensor& outputBuffer, at::Tensor& inputBuffer,
+                                          const c10d::AllgatherOptions&) {
+  checkHostTensor(inputBuffer, "_allgather_base");
+  checkHostTensor(outputBuffer, "_allgather_base");
+  TORCH_CHECK(outputBuffer.scalar_type() == inputBuffer.scalar_type(), "loom: _allgather_base: output dtype ",
+              outputBuffer.scalar_type(), " differs from input dtype ", inputBuffer.scalar_type());
+  TORCH_CHECK(outputBuffer.numel() == inputBuffer.numel() * getSize(), "loom: _allgather_base: output has ",
+              outputBuffer.numel(), " elements, expected ", inputBuffer.numel(), " x ", getSize(), " ranks");
+  at::Tensor src = contiguousView(inputBuffer);
+  at::Tensor dst = contiguousView(outputBuffer);
+  return start(getRank(), OpType::_ALLGATHER_BASE, "loom:all_gather_base", {outputBuffer},
+               [&] { return comm_->iallGather(src.data_ptr(), dst.data_ptr(), bytesOf(src), loom::DataType::Uint8); },
+               copyBack(outputBuffer, dst), {src, dst});
+}
+
+WorkPtr ProcessGroupLoom::reduce_scatter(std::vector<at::Tensor>& outputTensors,
+                                         std::vector<std::vector<at::Tensor>>& inputTensors,
+                                         const c10d::ReduceScatterOptions& opts) {
+  at::Tensor& out = single(outputTensors, "reduce_scatter");
+  TORCH_CHECK(inputTensors.size() == 1, "loom: reduce_scatter: expects one input list, got ", inputTensors.size());
+  TORCH_CHECK(static_cast<int>(inputTensors[0].size()) == getSize(), "loom: reduce_scatter: expects ", getSize(),
+              " input tensors (one per rank), got ", inputTensors[0].size());
+  checkSameShape(inputTensors[0], out, "reduce_scatter");
+  const loom::DataType type = reduceType(out.scalar_type(), "reduce_scatter");
+  const loom::ReduceOp op = reduceOp(opts.reduceOp, out.scalar_type(), "reduce_scatter");
+  at::Tensor flat = flatten(inputTensors[0]);
+  at::Tensor dst = contiguousView(out);
+  return start(getRank(), OpType::REDUCE_SCATTER, "loom:reduce_scatter", outputTensors,
+               [&] {
+                 return comm_->ireduceScatter(flat.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()), type,
+                                              op);
+               },
+               copyBack(out, dst), {flat, dst});
+}
+
+WorkPtr ProcessGroupLoom::_reduce_scatter_base(at::Tensor& outputBuffer, at::Tensor& inputBuffer,
+                                               const c10d::ReduceScatterOptions& opts) {
+  checkHostTensor(inputBuffer, "_reduce_scatter_base");
+  checkHostTensor(outputBuffer, "_reduce_scatter_base");
+  TORCH_CHECK(outputBuffer.scalar_type() == inputBuffer.scalar_type(), "loom: _reduce_scatter_base: output dtype ",
+              outputBuffer.scalar_type(), " differs from input dtype ", inputBuffer.scalar_type());
+  TORCH_CHECK(inputBuffer.numel() == outputBuffer.numel() * getSize(), "loom: _reduce_scatter_base: input has ",
+              inputBuffer.numel(), " elements, expected ", outputBuffer.numel(), " x ", getSize(), " ranks");
+  const loom::DataType type = reduceType(outputBuffer.scalar_type(), "_reduce_scatter_base");
+  const loom::ReduceOp op = reduceOp(opts.reduceOp, outputBuffer.scalar_type(), "_reduce_scatter_base");
+  at::Tensor src = contiguousView(inputBuffer);
+  at::Tensor dst = contiguousView(outputBuffer);
+  return start(
+      getRank(), OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_base", {outputBuffer},
+      [&] { return comm_->ireduceScatter(src.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()), type, op); },
+      copyBack(outputBuffer, dst), {src, dst});
+}
+
+namespace {
+
+// Byte counts and displacements of an all-to-all's blocks along dimension 0 of `t`: `splits` rows
+// per rank, or equal shares when `splits` is empty.
+void blocksOf(const at::Tensor& t, const std::vector<int64_t>& splits, int size, const char* side,
+              std::vector<size_t>& counts, std::vector<size_t>& displs) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const size_t rowBytes = rows == 0 ? 0 : bytesOf(t) / static_cast<size_t>(rows);
+  std::vector<int64_t> s = splits;
+  if (s.empty()) {
+    TORCH_CHECK(rows % size == 0, "loom: alltoall_base: ", side, " has ", rows, " rows, not divisible by ", size,
+                " ranks (pass split sizes)");
+    s.assign(static_cast<size_t>(size), rows / size);
+  }
+  TORCH_CHECK(static_cast<int>(s.size()) == size, "loom: alltoall_base: ", s.size(), " ", side, " split sizes for ",
+              size, " ranks");
+  int64_t total = 0;
+  for (int64_t v : s) {
+    TORCH_CHECK(v >= 0, "loom: alltoall_base: negative ", side, " split size ", v);
+    total += v;
+  }
+  TORCH_CHECK(total == rows, "loom: alltoall_base: ", side, " split sizes add up to ", total, " rows, the tensor has ",
+              rows);
+  counts.resize(s.size());
+  displs.resize(s.size());
+  size_t offset = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    counts[i] = static_cast<size_t>(s[i]) * rowBytes;
+    displs[i] = offset;
+    offset += counts[i];
+  }
+}
+
+}  // namespace
+
+WorkPtr ProcessGroupLoom::alltoall_base(at::Tensor& outputBuffer, at::Tensor& inputBuffer,
+                                        std::vector<int64_t>& outputSplitSizes, std::vector<int64_t>& inputSplitSizes,
+                                        const c10d::AllToAllOptions&) {
+  checkHostTensor(inputBuffer, "alltoall_base");
+  checkHostTensor(outputBuffer, "alltoall_base");
+  TORCH_CHECK(outputBuffer.scalar_type() == inputBuffer.scalar_type(), "loom: alltoall_base: output dtype ",
+              outputBuffer.scalar_type(), " differs from input dtype ", inputBuffer.scalar_type());
+  at::Tensor src = contiguousView(inputBuffer);
+  at::Tensor dst = contiguousView(outputBuffer);
+  const int size = getSize();
+  if (outputSplitSizes.empty() && inputSplitSizes.empty()) {
+    TORCH_CHECK(inputBuffer.numel() == outputBuffer.numel() && inputBuffer.numel() % size == 0,
+                "loom: alltoall_base: input and output need the same number of elements, divisible by ", size,
+                " ranks; got ", inputBuffer.numel(), " and ", outputBuffer.numel());
+    return start(getRank(), OpType::ALLTOALL_BASE, "loom:all_to_all", {outputBuffer},
+                 [&] {
+                   return comm_->iallToAll(src.data_ptr(), dst.data_ptr(), bytesOf(src) / static_cast<size_t>(size),
+                                           loom::DataType::Uint8);
+                 },
+                 copyBack(outputBuffer, dst), {src, dst});
+  }
+  std::vector<size_t> sendCounts, sendDispls, recvCounts, recvDispls;
+  blocksOf(src, inputSplitSizes, size, "input", sendCounts, sendDispls);
+  blocksOf(dst, outputSplitSizes, size, "output", recvCounts, recvDispls);
+  return start(getRank(), OpType::ALLTOALL_BASE, "loom:all_to_all_v", {outputBuffer},
+               [&] {
+                 return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts,
+                                          recvDispls, loom::DataType::Uint8);
+               },
+               copyBack(outputBuffer, dst), {src, dst});
+}
+
+WorkPtr ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputTensors, std::vector<at::Tensor>& inputTensors,
+                                   const c10d::AllToAllOptions&) {
+  const int size = getSize();
+  TORCH_CHECK(static_cast<int>(inputTensors.size()) == size && static_cast<int>(outputTensors.size()) == size,
+              "loom: alltoall: expects ", size, " input and output tensors (one per rank), got ", inputTensors.size(),
+              " and ", outputTensors.size());
+  std::vector<size_t> sendCounts(size), sendDispls(size), recvCounts(size), recvDispls(size);
+  size_t sendOffset = 0, recvOffset = 0;
+  for (int i = 0; i < size; ++i) {
+    checkHostTensor(inputTensors[i], "alltoall");
+    checkHostTensor(outputTensors[i], "alltoall");
+    TORCH_CHECK(inputTensors[i].scalar_type() == inputTensors[0].scalar_type() &&
+                    outputTensors[i].scalar_type() == inputTensors[0].scalar_type(),
+                "loom: alltoall: every tensor needs the dtype ", inputTensors[0].scalar_type());
+    sendCounts[i] = bytesOf(inputTensors[i]);
+    sendDispls[i] = sendOffset;
+    sendOffset += sendCounts[i];
+    recvCounts[i] = bytesOf(outputTensors[i]);
+    recvDispls[i] = recvOffset;
+    recvOffset += recvCounts[i];
+  }
+  at::Tensor src = flatten(inputTensors);
+  int64_t outElems = 0;
+  for (const auto& t : outputTensors) outElems += t.numel();
+  at::Tensor dst = at::empty({outElems}, inputTensors[0].options());
+  return start(
+      getRank(), OpType::ALLTOALL, "loom:all_to_all_v", outputTensors,
+      [&] {
+        return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts, recvDispls,
+                                 loom::DataType::Uint8);
+      },
+      [dst, outs = outputTensors]() mutable { unflatten(dst, outs); }, {src, dst});
+}
+
+WorkPtr ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  at::Tensor& t = single(tensors, "send");
+  checkRank(dstRank, getSize(), "destination rank", "send");
+  checkTag(tag, "send");
+  at::Tensor buf = contiguousView(t);
+  return start(getRank(), OpType::SEND, "loom:send", tensors,
+               [&] {
+                 return comm_->isend(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, dstRank,
+                                     static_cast<uint32_t>(tag));
+               },
+               {}, {buf});
+}
+
+WorkPtr ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  at::Tensor& t = single(tensors, "recv");
+  checkRank(srcRank, getSize(), "source rank", "recv");
+  checkTag(tag, "recv");
+  at::Tensor buf = contiguousView(t);
+  return start(
+      getRank(), OpType::RECV, "loom:recv", tensors,
+      [&] {
+        return comm_->irecv(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, srcRank, static_cast<uint32_t>(tag));
+      },
+      copyBack(t, buf), {buf}, bytesOf(buf));
+}
+
+WorkPtr ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>&, int) {
+  TORCH_CHECK(false,
+              "loom: recv from any source is not supported: pass the sender's rank (dist.recv(tensor, src=...))");
+}
+
+WorkPtr ProcessGroupLoom::barrier(const c10d::BarrierOptions&) {
+  return start(getRank(), OpType::BARRIER, "loom:barrier", {}, [&] { return comm_->ibarrier(); });
+}
+
+c10::intrusive_ptr<BackendBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                       std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<ProcessGroupLoom>(store, rank, size, timeout);
+}
+
+}  // namespace loom_torch

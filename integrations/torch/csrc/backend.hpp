@@ -1,0 +1,91 @@
+// ProcessGroupLoom: Loom as a torch.distributed backend. One source for both PyTorch APIs: it
+// subclasses c10d::ProcessGroup on PyTorch 1.x (Debian's 1.13) and c10d::Backend on 2.x, where
+// ProcessGroup became a dispatcher over per-device backends; the operations' signatures are the
+// same in both.
+//
+// Every operation is asynchronous: it validates its tensors, starts the Loom collective and returns
+// a LoomWork that Loom's threads complete. Operations run on the communicator's queue in call
+// order, which is what torch.distributed requires of every rank.
+//
+// Tensors: CPU, dense, one per call (one device per process, as DDP runs). A non-contiguous tensor
+// goes through a contiguous copy that is copied back on completion. Data movement (broadcast,
+// gathers, all-to-all, send/recv) takes every dtype, as bytes; reductions take the dtypes Loom
+// reduces (int8, uint8, int32, int64, float16, bfloat16, float32, float64, and bool with min/max).
+#pragma once
+
+#include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+#include <chrono>
+#include <loom/loom.hpp>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+namespace loom_torch {
+
+#if TORCH_VERSION_MAJOR >= 2
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
+class ProcessGroupLoom : public BackendBase {
+ public:
+  /// Joins `size` ranks: rank 0 creates Loom's rendezvous id and publishes it in `store` (the one
+  /// init_process_group made, whatever its init method), the others read it there. Blocks until
+  /// every rank joined or `timeout` passed; `timeout` is also the deadline of every operation.
+  ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout);
+  ~ProcessGroupLoom() override;
+
+  const std::string getBackendName() const override { return "loom"; }
+  /// The Loom communicator, for tools and tests.
+  loom::Communicator& communicator() { return *comm_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputTensors,
+                                           std::vector<at::Tensor>& inputTensors,
+                                           const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& outputBuffer, at::Tensor& inputBuffer,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& outputBuffer, at::Tensor& inputBuffer,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& outputBuffer, at::Tensor& inputBuffer,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputTensors, std::vector<at::Tensor>& inputTensors,
+                                          const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  /// Rejected: Loom matches every receive to one source.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+ private:
+  std::unique_ptr<loom::Communicator> comm_;
+};
+
+/// The factory torch.distributed calls (through loom_torch's register_backend).
+c10::intrusive_ptr<BackendBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                       std::chrono::milliseconds timeout);
+
+}  // namespace loom_torch

@@ -1,0 +1,48 @@
+// The Python module loom_torch._C: the backend factory torch.distributed calls, and the launcher
+// detection that spares users computing rank and world size from SLURM_* or OMPI_* by hand.
+#include <pybind11/chrono.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+c10::intrusive_ptr<loom_torch::BackendBase> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                   const std::chrono::duration<float>& timeout) {
+  return loom_torch::createProcessGroupLoom(store, rank, size,
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+}
+
+py::dict launch() {
+  const loom::Launch l = loom::launchFromEnv();
+  py::dict d;
+  d["launcher"] = l.launcher;
+  d["rank"] = l.rank;
+  d["world_size"] = l.size;
+  d["local_rank"] = l.localRank;
+  d["local_world_size"] = l.localSize;
+  d["master_addr"] = l.masterAddr;
+  d["master_port"] = l.masterPort;
+  py::dict from;
+  for (const auto& p : l.provenance) from[py::str(p.first)] = p.second;
+  d["provenance"] = from;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  // The c10d types (Store, ProcessGroup/Backend) are registered by torch.distributed.
+  py::module::import("torch.distributed");
+  m.doc() = "Loom collectives as a torch.distributed backend";
+  m.def("create_backend", &create, py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Joins the Loom communicator of a process group (called by init_process_group / new_group).");
+  m.def("launch", &launch,
+        "What the launcher (srun, mpirun, torchrun, loomrun) says about this process: rank, world_size, "
+        "local_rank, local_world_size, master_addr, master_port, launcher, and where each came from. Raises "
+        "RuntimeError when no launcher variable is set.");
+  m.attr("torch_api") = TORCH_VERSION_MAJOR >= 2 ? "c10d::Backend" : "c10d::ProcessGroup";
+}

@@ -1,0 +1,55 @@
+// LoomWork: the c10d Work of one Loom operation. It completes from Loom's own threads
+// (loom::Work::onCompletion), not from a thread blocked in the call: the completion copies results
+// back where the call needed a staging tensor, then completes the Work and its Future (which
+// DistributedDataParallel's communication hooks chain on).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <functional>
+#include <loom/loom.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
+
+namespace loom_torch {
+
+class LoomWork : public c10d::Work {
+ public:
+  /// `outputs`: what result() and the Future hold. `finisher` runs once the Loom operation
+  /// succeeded, before the Work completes (copies out of staging tensors, checks of sizes); what
+  /// it throws fails the Work. `keepAlive`: tensors Loom reads or writes that the caller does not
+  /// hold (staging copies), kept until completion.
+  LoomWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+           std::function<void()> finisher = {}, std::vector<at::Tensor> keepAlive = {});
+  ~LoomWork() override;
+
+  /// Starts watching `work`; called once, right after the Loom call returned it. The callback
+  /// holds `self` until the operation completes, so a Work dropped by Python still completes.
+  static void watch(const c10::intrusive_ptr<LoomWork>& self, loom::Work work);
+
+  /// For receives: the operation must move exactly `bytes` (a shorter message fails the Work).
+  void expectBytes(size_t bytes) { expectBytes_ = bytes; }
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  void synchronize() override {}
+  /// Waits for completion, at most `timeout` (kNoTimeout: the process group's timeout), driving
+  /// Loom's progress from this thread; throws what the operation failed with.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  void complete(std::exception_ptr error);
+
+  loom::Work work_;
+  std::vector<at::Tensor> outputs_;
+  std::function<void()> finisher_;
+  std::vector<at::Tensor> keepAlive_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  size_t expectBytes_ = SIZE_MAX;
+};
+
+}  // namespace loom_torch

@@ -1,0 +1,70 @@
+"""Loom as a torch.distributed backend.
+
+    import loom_torch                                   # registers the backend "loom"
+    torch.distributed.init_process_group("loom")        # env://, tcp:// and file:// all work
+
+Importing this module also fills in RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT from the launcher's own variables (Slurm's srun, Open MPI's mpirun, MPICH) when they are
+not set already, so that an env:// script runs under srun or mpirun as it runs under torchrun.
+"""
+import os
+
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["launch", "setup_env", "BACKEND"]
+
+BACKEND = "loom"
+
+
+def _create_backend(store, rank, world_size, timeout):
+    return _C.create_backend(store, rank, world_size, timeout)
+
+
+def launch():
+    """What the launcher says about this process (a dict: rank, world_size, local_rank,
+    local_world_size, master_addr, master_port, launcher, provenance). Raises RuntimeError
+    when no launcher variable is set."""
+    return _C.launch()
+
+
+_ENV = (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"),
+        ("LOCAL_WORLD_SIZE", "local_world_size"), ("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port"))
+
+
+def setup_env(environ=os.environ):
+    """Sets the variables init_process_group's env:// method reads from the launcher's own, leaving
+    those already set alone. Returns the names it set (empty when there was no launcher)."""
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return []
+    try:
+        info = launch()
+    except RuntimeError:
+        return []  # no launcher: init_process_group's own arguments or errors apply
+    set_now = []
+    for name, key in _ENV:
+        value = info[key]
+        if name not in environ and value not in (-1, ""):
+            environ[name] = str(value)
+            set_now.append(name)
+    if os.environ.get("LOOM_DEBUG", "").upper() in ("INFO", "TRACE"):
+        print("loom_torch: from %s: %s" % (info["launcher"], ", ".join(
+            "%s=%s" % (n, environ[n]) for n in set_now)), flush=True)
+    return set_now
+
+
+def _register():
+    kwargs = {}
+    try:  # PyTorch 2.1+: the backend serves CPU tensors (CUDA once Loom's device paths exist)
+        import inspect
+        if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+            kwargs["devices"] = ["cpu"]
+    except (TypeError, ValueError):
+        pass
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create_backend, **kwargs)
+
+
+_register()
+setup_env()

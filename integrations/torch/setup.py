@@ -1,0 +1,79 @@
+"""Builds loom_torch, Loom's torch.distributed backend, against the installed PyTorch.
+
+Loom itself is found with pkg-config (`loom.pc`, installed by `meson install`; for a build tree,
+PKG_CONFIG_PATH=<build>/meson-uninstalled). The extension records Loom's library directory as its
+rpath, so no LD_LIBRARY_PATH is needed.
+
+    /usr/bin/python3 setup.py build --build-base BUILD_DIR --build-lib OUT_DIR
+"""
+import os
+import subprocess
+import sys
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+
+def pkg_config(*args):
+    try:
+        out = subprocess.check_output(["pkg-config", *args, "loom"], text=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(
+            "loom_torch: pkg-config cannot find Loom (%s). Install it (meson install -C build) or point "
+            "PKG_CONFIG_PATH at <build>/meson-uninstalled." % e)
+    return out.split()
+
+
+# --stamp FILE (for Meson): touched after a successful build.
+stamp = None
+if "--stamp" in sys.argv:
+    i = sys.argv.index("--stamp")
+    stamp = os.path.abspath(sys.argv[i + 1])
+    del sys.argv[i:i + 2]
+
+# Paths below are relative to this folder, wherever the build runs from.
+os.chdir(os.path.dirname(os.path.abspath(__file__)))
+
+cflags = pkg_config("--cflags")
+libs = pkg_config("--libs")
+rpaths = ["-Wl,-rpath," + flag[2:] for flag in pkg_config("--libs-only-L")]
+
+# Under Meson the compiler lines go to <stamp>.log, and to the terminal only when the build fails.
+log = None
+if stamp:
+    sys.stdout.flush()
+    log = open(stamp + ".log", "w")
+    saved = os.dup(1)
+    os.dup2(log.fileno(), 1)
+
+try:
+    setup(
+        name="loom_torch",
+        version=pkg_config("--modversion")[0],
+        description="Loom collectives as a torch.distributed backend",
+        packages=["loom_torch"],
+        ext_modules=[
+            CppExtension(
+                "loom_torch._C",
+                sources=["csrc/module.cc", "csrc/backend.cc", "csrc/work.cc", "csrc/tensors.cc"],
+                extra_compile_args=cflags + ["-std=c++17", "-O2", "-Wall", "-Wno-unused-parameter",
+                                             "-Wno-deprecated-declarations", "-Werror"],
+                extra_link_args=libs + rpaths,
+            )
+        ],
+        cmdclass={"build_ext": BuildExtension},
+    )
+except BaseException:
+    if log:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        log.close()
+        sys.stderr.write(open(stamp + ".log").read())
+    raise
+
+if stamp:
+    sys.stdout.flush()
+    os.dup2(saved, 1)
+    log.close()
+    with open(stamp, "w") as f:
+        f.write("built\n")
