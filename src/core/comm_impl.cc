@@ -402,6 +402,7 @@ RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)
   const int64_t seq = nextSeq_.fetch_add(1);
   auto done = std::make_shared<Request>(rank_, -1, strFormat("%s #%lld", what.c_str(), static_cast<long long>(seq)),
                                         timeout_, failure_);
+  done->setQueue(progress_);
   flight_.queued(seq, sig);
   queue_->submit(done, [this, body = std::move(body), seq] {
     AttendScope attend(progress_);
@@ -430,6 +431,10 @@ void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& 
     runRecorded(seq, body);
   });
   if (!ran) submit(what, body, sig)->wait();
+}
+
+void CommImpl::runQueued(const detail::Request* done) noexcept {
+  if (queue_) queue_->runQueuedUntil(done);
 }
 
 bool CommImpl::pollPeer(int peer) noexcept {

@@ -104,6 +104,7 @@ class CommImpl : public Progressable {
   /// Gathers the ranks' flight records through the store (those waiting in Loom answer within a
   /// second or two) and returns the report for the collective this rank is in ("" when none).
   std::string diagnose() noexcept override;
+  void runQueued(const detail::Request* done) noexcept override;
   /// The report for collective `seq` from whatever records answer within `waitFor`.
   std::string hangReport(int64_t seq, std::chrono::milliseconds waitFor);
   const FlightRecorder& flightRecorder() const { return flight_; }

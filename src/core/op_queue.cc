@@ -35,6 +35,32 @@ bool OpQueue::runInlineIfIdle(const std::function<void()>& fn) {
   return true;
 }
 
+void OpQueue::runItem(Item& item) {
+  try {
+    item.fn();
+    item.done->complete(0);
+  } catch (...) {
+    item.done->fail(statusFromCurrentException());
+  }
+}
+
+void OpQueue::runQueuedUntil(const detail::Request* done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_ && !busy_ && !done->done()) {
+    bool queued = false;
+    for (const auto& item : items_) queued = queued || item.done.get() == done;
+    if (!queued) return;
+    Item item = std::move(items_.front());
+    items_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    runItem(item);
+    lock.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
 void OpQueue::shutdown(const Status& status) {
   std::deque<Item> dropped;
   {
@@ -60,12 +86,7 @@ void OpQueue::work() {
     items_.pop_front();
     busy_ = true;
     lock.unlock();
-    try {
-      item.fn();
-      item.done->complete(0);
-    } catch (...) {
-      item.done->fail(statusFromCurrentException());
-    }
+    runItem(item);
     lock.lock();
     busy_ = false;
     cv_.notify_all();

@@ -26,6 +26,10 @@ class OpQueue {
   /// Runs `fn` now on this thread if nothing is queued or running; returns false otherwise.
   /// Exceptions from fn propagate.
   bool runInlineIfIdle(const std::function<void()>& fn);
+  /// Runs queued ops on this thread, in order, while the worker is idle and `done` (the
+  /// completion of a queued op) has not run: a waiting thread takes its own op instead of waking
+  /// the worker. Returns at once when the worker is busy or `done` is not queued.
+  void runQueuedUntil(const detail::Request* done);
   /// Fails every queued op with `status` and stops the worker. Idempotent.
   void shutdown(const Status& status);
 
@@ -35,6 +39,8 @@ class OpQueue {
     std::function<void()> fn;
   };
   void work();
+  /// Runs `item` and completes its request; called without the lock, with busy_ set.
+  static void runItem(Item& item);
 
   const int rank_;
   std::mutex mu_;

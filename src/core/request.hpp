@@ -23,6 +23,10 @@
 
 namespace loom {
 
+namespace detail {
+class Request;
+}
+
 class FailureState {
  public:
   /// Records `s` as the communicator's failure if it is the first; then runs the failure hook
@@ -62,6 +66,10 @@ class Progressable {
   virtual void check() noexcept = 0;
   /// For a wait that timed out: a report of what every rank is doing ("" when there is none).
   virtual std::string diagnose() noexcept = 0;
+  /// Called by a thread about to wait for a queued collective's completion `done`: runs the ops
+  /// queued up to it on that thread, in order, when the queue's worker has not taken them yet
+  /// (saves the hand-off to the worker, and a second busy thread per rank on a small machine).
+  virtual void runQueued(const detail::Request* done) noexcept = 0;
 };
 
 /// Lets a waiting thread drive its communicator's connections (see Connection::poll). Shared by
@@ -101,6 +109,10 @@ class ProgressHook {
   std::string diagnose() {
     std::shared_lock<std::shared_mutex> lock(mu_);
     return target_ != nullptr ? target_->diagnose() : std::string();
+  }
+  void runQueued(const detail::Request* done) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (target_ != nullptr) target_->runQueued(done);
   }
   void detach() {
     std::unique_lock<std::shared_mutex> lock(mu_);
@@ -192,6 +204,9 @@ class Request {
   int peer() const { return peer_; }
   std::string what() const { return label_ ? label_->format(peer_) : what_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// For a collective's completion on the op queue: lets wait() run the queued ops itself
+  /// (Progressable::runQueued). Set before the request is queued.
+  void setQueue(std::shared_ptr<ProgressHook> queue) { queue_ = std::move(queue); }
   /// For receives whose size must match exactly (collectives): the size expected, or SIZE_MAX.
   size_t expectBytes = SIZE_MAX;
   /// The collective call this message belongs to (core/signature.hpp), or 0: a transport fails a
@@ -208,6 +223,7 @@ class Request {
   const std::chrono::milliseconds timeout_;
   const std::shared_ptr<FailureState> failure_;
   const std::shared_ptr<ProgressHook> progress_;
+  std::shared_ptr<ProgressHook> queue_;
   std::atomic<bool> done_{false};
   size_t bytes_ = 0;
   mutable std::mutex mu_;

@@ -15,6 +15,18 @@ c10::intrusive_ptr<loom_torch::BackendBase> create(const c10::intrusive_ptr<c10d
                                             std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
 }
 
+// A blocking sum all-reduce of `t` straight on the backend's Loom communicator, with none of
+// torch.distributed's machinery around it (no Work, no Future): what bench/torch_allreduce.py
+// measures the backend's overhead against.
+void allReduceDirect(const c10::intrusive_ptr<loom_torch::BackendBase>& backend, at::Tensor& t) {
+  auto* pg = dynamic_cast<loom_torch::ProcessGroupLoom*>(backend.get());
+  TORCH_CHECK(pg != nullptr, "loom: all_reduce_direct: not a loom process group");
+  TORCH_CHECK(t.is_contiguous() && t.scalar_type() == at::kFloat && t.device().is_cpu(),
+              "loom: all_reduce_direct: takes a contiguous float32 CPU tensor");
+  pg->communicator().allReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), loom::DataType::Float32,
+                               loom::ReduceOp::Sum);
+}
+
 py::dict launch() {
   const loom::Launch l = loom::launchFromEnv();
   py::dict d;
@@ -44,5 +56,10 @@ PYBIND11_MODULE(_C, m) {
         "What the launcher (srun, mpirun, torchrun, loomrun) says about this process: rank, world_size, "
         "local_rank, local_world_size, master_addr, master_port, launcher, and where each came from. Raises "
         "RuntimeError when no launcher variable is set.");
+  m.def("all_reduce_direct", &allReduceDirect, py::arg("backend"), py::arg("tensor"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Sum all-reduce of a float32 CPU tensor on the group's Loom communicator directly, bypassing "
+        "torch.distributed (for measuring the backend's overhead). On PyTorch 2 pass "
+        "group._get_backend(torch.device('cpu')).");
   m.attr("torch_api") = TORCH_VERSION_MAJOR >= 2 ? "c10d::Backend" : "c10d::ProcessGroup";
 }
