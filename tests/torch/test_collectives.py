@@ -137,6 +137,21 @@ def check_gathers(rank, world):
                 same(out, reference(world, n, dtype, name, salt=rank), "reduce_scatter_base %s n=%d" % (dtype, n))
 
 
+def check_gather_scatter(rank, world):
+    for root in range(world):
+        for dtype in (torch.float32, torch.int64, torch.bool, torch.complex64):
+            for n in (0, 1, 31, 10007):
+                outs = [torch.zeros(n, dtype=dtype) for _ in range(world)] if rank == root else None
+                dist.gather(value(rank, n, dtype, salt=root), gather_list=outs, dst=root)
+                if rank == root:
+                    for r in range(world):
+                        same(outs[r], value(r, n, dtype, salt=root), "gather %s n=%d from %d" % (dtype, n, r))
+                ins = [value(root, n, dtype, salt=p) for p in range(world)] if rank == root else None
+                out = torch.zeros(n, dtype=dtype)
+                dist.scatter(out, scatter_list=ins, src=root)
+                same(out, value(root, n, dtype, salt=rank), "scatter %s n=%d root %d" % (dtype, n, root))
+
+
 def block(src, dst, rows, cols, dtype):
     """What rank src sends rank dst in the all-to-all tests."""
     return (torch.arange(rows * cols).reshape(rows, cols) + 1000 * src + 100 * dst).to(dtype)
@@ -214,6 +229,7 @@ def body_full(rank, world):
     check_coalesced(rank, world)
     check_broadcast_and_reduce(rank, world)
     check_gathers(rank, world)
+    check_gather_scatter(rank, world)
     check_all_to_all(rank, world)
     check_non_contiguous(rank, world)
     check_point_to_point(rank, world)

@@ -221,6 +221,78 @@ WorkPtr ProcessGroupLoom::_reduce_scatter_base(at::Tensor& outputBuffer, at::Ten
       copyBack(outputBuffer, dst), {src, dst});
 }
 
+WorkPtr ProcessGroupLoom::gather(std::vector<std::vector<at::Tensor>>& outputTensors,
+                                 std::vector<at::Tensor>& inputTensors, const c10d::GatherOptions& opts) {
+  at::Tensor& in = single(inputTensors, "gather");
+  const int size = getSize(), root = static_cast<int>(opts.rootRank), me = getRank();
+  checkRank(root, size, "root rank", "gather");
+  std::vector<at::Tensor> outs;
+  if (me == root) {
+    TORCH_CHECK(outputTensors.size() == 1 && static_cast<int>(outputTensors[0].size()) == size,
+                "loom: gather: the root expects one list of ", size, " output tensors (one per rank)");
+    outs = outputTensors[0];
+    checkSameShape(outs, in, "gather");
+  } else {
+    TORCH_CHECK(outputTensors.empty() || (outputTensors.size() == 1 && outputTensors[0].empty()),
+                "loom: gather: only the root rank takes output tensors");
+  }
+  // Every rank sends its block to the root only; the root receives one block from each rank.
+  const size_t bytes = bytesOf(in);
+  std::vector<size_t> sendCounts(size, 0), sendDispls(size, 0), recvCounts(size, 0), recvDispls(size, 0);
+  sendCounts[static_cast<size_t>(root)] = bytes;
+  if (me == root) {
+    for (int i = 0; i < size; ++i) {
+      recvCounts[static_cast<size_t>(i)] = bytes;
+      recvDispls[static_cast<size_t>(i)] = static_cast<size_t>(i) * bytes;
+    }
+  }
+  at::Tensor src = contiguousView(in);
+  at::Tensor flat = at::empty({me == root ? static_cast<int64_t>(size) * in.numel() : 0}, in.options());
+  std::function<void()> finisher;
+  if (me == root) finisher = [flat, outs]() mutable { unflatten(flat, outs); };
+  return start(me, OpType::GATHER, "loom:gather", outs,
+               [&] {
+                 return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, flat.data_ptr(), recvCounts,
+                                          recvDispls, loom::DataType::Uint8);
+               },
+               std::move(finisher), {src, flat});
+}
+
+WorkPtr ProcessGroupLoom::scatter(std::vector<at::Tensor>& outputTensors,
+                                  std::vector<std::vector<at::Tensor>>& inputTensors,
+                                  const c10d::ScatterOptions& opts) {
+  at::Tensor& out = single(outputTensors, "scatter");
+  const int size = getSize(), root = static_cast<int>(opts.rootRank), me = getRank();
+  checkRank(root, size, "root rank", "scatter");
+  at::Tensor flat = at::empty({0}, out.options());
+  if (me == root) {
+    TORCH_CHECK(inputTensors.size() == 1 && static_cast<int>(inputTensors[0].size()) == size,
+                "loom: scatter: the root expects one list of ", size, " input tensors (one per rank)");
+    checkSameShape(inputTensors[0], out, "scatter");
+    flat = flatten(inputTensors[0]);
+  } else {
+    TORCH_CHECK(inputTensors.empty() || (inputTensors.size() == 1 && inputTensors[0].empty()),
+                "loom: scatter: only the root rank takes input tensors");
+  }
+  // The root sends one block to each rank; every rank receives its block from the root only.
+  const size_t bytes = bytesOf(out);
+  std::vector<size_t> sendCounts(size, 0), sendDispls(size, 0), recvCounts(size, 0), recvDispls(size, 0);
+  recvCounts[static_cast<size_t>(root)] = bytes;
+  if (me == root) {
+    for (int i = 0; i < size; ++i) {
+      sendCounts[static_cast<size_t>(i)] = bytes;
+      sendDispls[static_cast<size_t>(i)] = static_cast<size_t>(i) * bytes;
+    }
+  }
+  at::Tensor dst = contiguousView(out);
+  return start(me, OpType::SCATTER, "loom:scatter", outputTensors,
+               [&] {
+                 return comm_->iallToAllv(flat.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts,
+                                          recvDispls, loom::DataType::Uint8);
+               },
+               copyBack(out, dst), {flat, dst});
+}
+
 namespace {
 
 // Byte counts and displacements of an all-to-all's blocks along dimension 0 of `t`: `splits` rows

@@ -68,6 +68,14 @@ class ProcessGroupLoom : public BackendBase {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& outputBuffer, at::Tensor& inputBuffer,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  /// To `rootRank`: an all-to-all with counts per peer in which only the root receives.
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputTensors,
+                                        std::vector<at::Tensor>& inputTensors,
+                                        const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+  /// From `rootRank`: an all-to-all with counts per peer in which only the root sends.
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputTensors,
+                                         std::vector<std::vector<at::Tensor>>& inputTensors,
+                                         const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& outputBuffer, at::Tensor& inputBuffer,
                                                std::vector<int64_t>& outputSplitSizes,
                                                std::vector<int64_t>& inputSplitSizes,
