@@ -101,3 +101,30 @@ def test_srun():
     if setup.returncode != 0:
         pytest.skip("could not start a local Slurm (tools/slurm-local start): " + setup.stdout)
     check(run(["srun", "-n", "2", "--export=ALL", PYTHON, EXAMPLE], timeout=180))
+
+
+DDP_EXAMPLE = os.path.join(harness.REPO, "examples", "torch_ddp_train.py")
+
+
+def ddp_run(launcher, backend, tmp_path):
+    ck = str(tmp_path / ("%s.pt" % backend))
+    args = [DDP_EXAMPLE, "--epochs", "2", "--backend", backend, "--checkpoint", ck]
+    if launcher == "torchrun":
+        out = run([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                   str(harness.free_port()), "--redirects", "2", "--tee", "1"] + args)
+    else:
+        out = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH",
+                   "-x", "OMP_NUM_THREADS", PYTHON] + args)
+    losses = [float(line.split("loss ")[1]) for line in out.splitlines() if "epoch " in line and "loss " in line]
+    assert len(losses) == 2 and losses[1] < losses[0], out
+    sums = [line.split("checksum ")[1] for line in out.splitlines() if "weights checksum" in line]
+    assert len(sums) == 2 and sums[0] == sums[1], "the ranks' weights differ:\n" + out
+    assert os.path.exists(ck) and "rank 0 saved" in out and "rank 1 saved" not in out, out
+    return float(sums[0])
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
+def test_ddp_example_on_loom_matches_gloo(tmp_path):
+    loom = ddp_run("torchrun", "loom", tmp_path)
+    gloo = ddp_run("mpirun", "gloo", tmp_path)
+    assert abs(loom - gloo) <= 1e-6 * max(1.0, abs(gloo)), (loom, gloo)
