@@ -462,6 +462,30 @@ TEST(DdpExample, TrainsUnderLoomrunWithIdenticalReplicas) {
   }
 }
 
+TEST(DdpExample, MlpLearnsWithIdenticalReplicas) {
+  const std::string ck = "/tmp/loom-ddp-mlp-" + std::to_string(getpid()) + ".bin";
+  std::string out;
+  const int rc = finish(
+      start({path("LOOMRUN"), "-n", "3", path("LOOM_DDP_MLP_EXAMPLE"), "--epochs", "4", "--checkpoint", ck}, {}), 120,
+      &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(countOf(out, "epoch "), 4) << out;
+  std::ifstream file(ck, std::ios::binary | std::ios::ate);
+  EXPECT_EQ(static_cast<long>(file.tellg()), (16 * 64 + 64 + 64 * 4 + 4) * 4) << "checkpoint " << ck;
+  std::remove(ck.c_str());
+  const size_t first = out.find("loss "), last = out.rfind("loss ");
+  ASSERT_NE(first, last) << out;
+  EXPECT_LT(std::atof(out.c_str() + last + 5), std::atof(out.c_str() + first + 5)) << out;
+  const size_t acc = out.rfind("accuracy ");
+  ASSERT_NE(acc, std::string::npos) << out;
+  EXPECT_GT(std::atof(out.c_str() + acc + 9), 80.0) << out;
+  std::set<std::string> sums;
+  for (size_t at = out.find("weights checksum "); at != std::string::npos; at = out.find("weights checksum ", at + 1))
+    sums.insert(out.substr(at + 17, 16));
+  EXPECT_EQ(countOf(out, "weights checksum "), 3) << out;
+  EXPECT_EQ(sums.size(), 1u) << "replicas differ:\n" << out;
+}
+
 TEST(DdpExample, TrainsUnderMpirun) {
   if (system("command -v mpirun >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "Open MPI's mpirun is not installed (apt-get install openmpi-bin)";
