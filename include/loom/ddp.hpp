@@ -59,10 +59,12 @@ struct GradSyncOptions {
   bool gradientAsBucketView = false;
   /// Only for float32 gradients (others are sent as they are).
   Compression compression = Compression::None;
-  /// Gradients of at least this many bytes are all-reduced in place, in their own buffers, when
-  /// their bucket starts (no copy into the bucket and back); smaller ones are packed into the
-  /// bucket's memory and all-reduced together. With gradientAsBucketView or compression every
-  /// gradient is in the bucket.
+  /// Gradients of at least this many bytes are all-reduced in place, in their own buffers (no copy
+  /// into the bucket and back), each as soon as it and the in-place gradients before it in its
+  /// bucket are ready, once the buckets before have started; smaller ones are packed into the
+  /// bucket's memory and all-reduced together when the whole bucket is ready. Every rank issues
+  /// the all-reduces in that same order. With gradientAsBucketView or compression every gradient
+  /// is in the bucket.
   size_t directMinBytes = 1u << 20;
   /// Broadcast every parameter from rank 0 at construction.
   bool broadcastParameters = true;

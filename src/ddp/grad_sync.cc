@@ -25,8 +25,9 @@ struct GradSync::Impl {
     std::vector<uint8_t> flat;   // the packed gradients, end to end
     std::vector<uint16_t> wire;  // compressed copy sent instead (Compression)
     size_t pending = 0;          // gradients not yet ready this step
-    bool started = false;
-    std::vector<Work> works;  // this step's all-reduces
+    size_t directStarted = 0;    // `direct` gradients whose all-reduce has started this step
+    bool started = false;        // all of it started (the packed gradients last)
+    std::vector<Work> works;     // this step's all-reduces
   };
 
   Communicator& comm;
@@ -54,7 +55,13 @@ struct GradSync::Impl {
   void validate();
   void checkSameAcrossRanks();
   void build();
-  void start(Bucket& b);
+  // Starts what may start now, in the one order every rank follows whatever order its gradients
+  // became ready in: bucket after bucket; within a bucket, its in-place gradients in plan order,
+  // each as soon as it and those before it are ready (a large gradient need not wait for the rest of
+  // its bucket), then its packed gradients once all of the bucket's are ready.
+  void advance();
+  void startDirect(Bucket& b, size_t i);
+  void startPacked(Bucket& b);
   void finish(Bucket& b);
   // Waits for whatever a bucket has in flight, ignoring errors (the caller reports its own).
   static void drain(Bucket& b) noexcept {
@@ -70,6 +77,7 @@ struct GradSync::Impl {
     std::fill(ready.begin(), ready.end(), false);
     for (auto& b : buckets) {
       b.pending = b.params.size();
+      b.directStarted = 0;
       b.started = false;
       b.works.clear();
     }
@@ -202,7 +210,25 @@ void GradSync::Impl::build() {
   resetStep();
 }
 
-void GradSync::Impl::start(Bucket& b) {
+void GradSync::Impl::advance() {
+  while (nextToStart < buckets.size()) {
+    Bucket& b = buckets[nextToStart];
+    while (b.directStarted < b.direct.size() && ready[b.direct[b.directStarted]]) {
+      startDirect(b, b.direct[b.directStarted]);
+      ++b.directStarted;
+    }
+    if (b.pending > 0 || b.directStarted < b.direct.size()) return;
+    startPacked(b);
+    ++nextToStart;
+  }
+}
+
+void GradSync::Impl::startDirect(Bucket& b, size_t i) {
+  const Parameter& p = params[i];
+  if (p.count > 0) b.works.push_back(comm.iallReduce(p.grad, p.grad, p.count, p.type, ReduceOp::Avg));
+}
+
+void GradSync::Impl::startPacked(Bucket& b) {
   b.started = true;
   ++started;
   const size_t elem = sizeOf(b.type);
@@ -224,10 +250,6 @@ void GradSync::Impl::start(Bucket& b) {
     } else {
       b.works.push_back(comm.iallReduce(b.flat.data(), b.flat.data(), b.count, b.type, ReduceOp::Avg));
     }
-  }
-  for (size_t i : b.direct) {
-    const Parameter& p = params[i];
-    if (p.count > 0) b.works.push_back(comm.iallReduce(p.grad, p.grad, p.count, p.type, ReduceOp::Avg));
   }
 }
 
@@ -284,12 +306,7 @@ void GradSync::markReady(size_t i) {
   Impl::Bucket& b = s.buckets[s.slots[i].bucket];
   --b.pending;
   if (s.noSyncDepth > 0) return;
-  // Start every complete bucket, in order: all ranks then issue the same all-reduces in the same
-  // order whatever order their gradients became ready in.
-  while (s.nextToStart < s.buckets.size() && s.buckets[s.nextToStart].pending == 0) {
-    s.start(s.buckets[s.nextToStart]);
-    ++s.nextToStart;
-  }
+  s.advance();
 }
 
 void GradSync::synchronize() {
@@ -312,7 +329,7 @@ void GradSync::synchronize() {
   }
   if (s.noSyncDepth == 0) {
     // Buckets left unstarted (their gradients were marked inside a noSync scope that has ended).
-    for (; s.nextToStart < s.buckets.size(); ++s.nextToStart) s.start(s.buckets[s.nextToStart]);
+    s.advance();
     for (auto& b : s.buckets) s.finish(b);
   }
   s.resetStep();
