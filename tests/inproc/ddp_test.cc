@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -121,7 +122,9 @@ std::vector<float> trainAlone() {
 
 // Data-parallel: each rank takes its slice of each step's batch. Rank r starts from weights r
 // (the broadcast at construction makes them rank 0's).
-std::vector<float> trainParallel(loom::Communicator& c, GradSyncOptions o) {
+// With `shuffled`, each rank marks its gradients ready in an order of its own, different at every
+// step: the all-reduces must still be issued in one order on every rank.
+std::vector<float> trainParallel(loom::Communicator& c, GradSyncOptions o, bool shuffled = false) {
   Model m(static_cast<float>(c.rank()));
   GradSync sync(c, m.parameters(), o);
   std::vector<float*> g;
@@ -129,7 +132,13 @@ std::vector<float> trainParallel(loom::Communicator& c, GradSyncOptions o) {
   const size_t share = kBatch / static_cast<size_t>(c.size()), from = share * static_cast<size_t>(c.rank());
   for (int s = 0; s < kSteps; ++s) {
     gradients(m, s, from, from + share, g);
-    for (size_t i = kLayers + 1; i-- > 0;) sync.markReady(i);  // backward: bias, then the last layer first
+    std::vector<size_t> order;
+    for (size_t i = kLayers + 1; i-- > 0;) order.push_back(i);  // backward: bias, then the last layer first
+    if (shuffled) {
+      std::mt19937 rng(static_cast<unsigned>(1000 * c.rank() + s));
+      std::shuffle(order.begin(), order.end(), rng);
+    }
+    for (size_t i : order) sync.markReady(i);
     sync.synchronize();
     sgd(m, g);
   }
@@ -156,15 +165,19 @@ TEST_P(DataParallel, MatchesFullBatchTrainingAndReplicasAreIdentical) {
   const int n = GetParam();
   const std::vector<float> alone = trainAlone();
   // Packed into the buckets (over shared memory); gradients living in the buckets (over mixed
-  // links: two "nodes", TCP between); every gradient all-reduced in place, unpacked.
-  for (const char* how : {"packed", "view", "direct"}) {
+  // links: two "nodes", TCP between); every gradient all-reduced in place, unpacked; in place and
+  // packed ones in the same buckets, marked ready in a different order on every rank.
+  for (const char* how : {"packed", "view", "direct", "shuffled"}) {
     const std::string mode = how;
     loomtest::TransportSetup links(mode == "view" ? "mixed" : "shm");
     GradSyncOptions o = smallBuckets();
     o.gradientAsBucketView = mode == "view";
     if (mode == "direct") o.directMinBytes = 1;
+    if (mode == "shuffled") o.directMinBytes = 8;  // layers of 2 or more weights in place, the rest packed
     std::vector<std::vector<float>> weights(static_cast<size_t>(n));
-    loomtest::runOk(n, [&](loom::Communicator& c) { weights[static_cast<size_t>(c.rank())] = trainParallel(c, o); });
+    loomtest::runOk(n, [&](loom::Communicator& c) {
+      weights[static_cast<size_t>(c.rank())] = trainParallel(c, o, mode == "shuffled");
+    });
     for (size_t k = 0; k < alone.size(); ++k)
       EXPECT_NEAR(weights[0][k], alone[k], 1e-5 + 1e-5 * std::fabs(alone[k])) << "weight " << k << " " << mode;
     for (int r = 1; r < n; ++r)
