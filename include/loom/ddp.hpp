@@ -9,7 +9,8 @@
 //   - At construction every rank checks that all registered the same parameters (count, datatype,
 //     order), and the parameters are broadcast from rank 0 so that every replica starts identical.
 //   - During backward the training loop calls markReady(i) as each gradient is final; a bucket's
-//     asynchronous all-reduce starts as soon as all its gradients are ready (buckets start in
+//     asynchronous all-reduce starts as soon as all its gradients are ready, and a large gradient
+//     all-reduced in place (GradSyncOptions::directMinBytes) as soon as it is (buckets start in
 //     order, so that every rank issues the same collectives in the same order), overlapping the
 //     rest of the backward pass. synchronize() waits for every bucket and leaves every gradient
 //     averaged over the ranks.

@@ -219,7 +219,10 @@ bool TcpStoreServer::handleRequests(Client& c) {
         int64_t cur = 0;
         auto it = data_.find(req.key);
         if (it != data_.end() && it->second.size() == 8) cur = storewire::getI64(it->second.data());
-        cur += storewire::getI64(req.value.data());
+        // Two's complement wrap-around, as a counter would: an overflow from a hostile or broken
+        // client must not be undefined behaviour in the server (found by the store_server fuzzer).
+        cur = static_cast<int64_t>(static_cast<uint64_t>(cur) +
+                                   static_cast<uint64_t>(storewire::getI64(req.value.data())));
         Bytes v(8);
         storewire::putI64(v.data(), cur);
         data_[req.key] = v;

@@ -2,6 +2,7 @@
 // and huge length fields, while the job forms and runs. They are rejected and the job completes.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -54,6 +55,18 @@ TEST(Store, SetGetAddAcrossClients) {
   Bytes big(3u << 20, 0x5a);  // values of several MiB pass
   a.set("big", big);
   EXPECT_EQ(*b.tryGet("big"), big);
+}
+
+// A counter pushed past INT64_MAX wraps around (two's complement) instead of overflowing inside the
+// server (undefined behaviour; found by the store_server fuzzer), and the server goes on serving.
+TEST(Store, AddPastTheLargestCounterWraps) {
+  JobKey key = deriveJobKey("store-add");
+  TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);
+  TcpStoreClient a("127.0.0.1", server.port(), key, 0, Deadline(5s), 5s);
+  EXPECT_EQ(a.add("c", INT64_MAX), INT64_MAX);
+  EXPECT_EQ(a.add("c", 2), INT64_MIN + 1);
+  EXPECT_EQ(a.add("c", INT64_MIN), 1);
+  EXPECT_EQ(a.add("d", 7), 7);
 }
 
 TEST(Store, ClientWithAnotherJobsKeyIsTurnedAway) {
