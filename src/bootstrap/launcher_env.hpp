@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "loom/loom.hpp"
+
 namespace loom {
 
 /// Looks a variable up; returns nullptr when unset.
@@ -27,18 +29,10 @@ using EnvLookup = std::function<const char*(const char*)>;
 /// The process environment as an EnvLookup.
 EnvLookup processEnv();
 
-struct LaunchInfo {
-  std::string launcher;  ///< "loomrun", "torchrun", "environment", "openmpi", "hydra", "slurm", "explicit"
-  int rank = -1;
-  int size = -1;
-  int localRank = -1;  ///< -1 when no launcher said
-  int localSize = -1;  ///< -1 when no launcher said
-  std::string masterAddr;
-  int masterPort = -1;
+/// The public Launch (loom.hpp), plus the secret the job's key comes from.
+struct LaunchInfo : Launch {
   std::string jobKeySeed;  ///< the secret the job's key is derived from
   bool jobKeyWeak = true;  ///< true unless LOOM_JOB_KEY was set
-  /// For each field, where it came from: {"rank", "3 from SLURM_PROCID"}.
-  std::vector<std::pair<std::string, std::string>> provenance;
 };
 
 /// Reads the launch from `env`. Throws loom::Error(InvalidArgument) naming the variable when a

@@ -59,19 +59,7 @@ std::string UniqueId::toHex() const {
   return s;
 }
 
-Launch launchFromEnv() {
-  const LaunchInfo info = detectLaunch(processEnv());
-  Launch l;
-  l.launcher = info.launcher;
-  l.rank = info.rank;
-  l.size = info.size;
-  l.localRank = info.localRank;
-  l.localSize = info.localSize;
-  l.masterAddr = info.masterAddr;
-  l.masterPort = info.masterPort;
-  l.provenance = info.provenance;
-  return l;
-}
+Launch launchFromEnv() { return detectLaunch(processEnv()); }  // without the job key's secret
 
 // ---- Work ----
 

@@ -44,20 +44,24 @@ void OpQueue::runItem(Item& item) {
   }
 }
 
+void OpQueue::runFront(std::unique_lock<std::mutex>& lock) {
+  Item item = std::move(items_.front());
+  items_.pop_front();
+  busy_ = true;
+  lock.unlock();
+  runItem(item);
+  lock.lock();
+  busy_ = false;
+  cv_.notify_all();
+}
+
 void OpQueue::runQueuedUntil(const detail::Request* done) {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_ && !busy_ && !done->done()) {
     bool queued = false;
     for (const auto& item : items_) queued = queued || item.done.get() == done;
     if (!queued) return;
-    Item item = std::move(items_.front());
-    items_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    runItem(item);
-    lock.lock();
-    busy_ = false;
-    cv_.notify_all();
+    runFront(lock);
   }
 }
 
@@ -82,14 +86,7 @@ void OpQueue::work() {
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || (!busy_ && !items_.empty()); });
     if (stop_) return;
-    Item item = std::move(items_.front());
-    items_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    runItem(item);
-    lock.lock();
-    busy_ = false;
-    cv_.notify_all();
+    runFront(lock);
   }
 }
 

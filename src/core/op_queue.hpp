@@ -41,6 +41,9 @@ class OpQueue {
   void work();
   /// Runs `item` and completes its request; called without the lock, with busy_ set.
   static void runItem(Item& item);
+  /// Takes the first queued op and runs it on this thread, marked busy; `lock` (on mu_) is held on
+  /// entry and on return, released while the op runs.
+  void runFront(std::unique_lock<std::mutex>& lock);
 
   const int rank_;
   std::mutex mu_;

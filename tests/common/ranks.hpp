@@ -81,6 +81,16 @@ struct RankResult {
   std::string error;
 };
 
+/// The ErrorCode of the loom::Error `f` throws; Internal when it throws none.
+inline loom::ErrorCode errorCodeOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const loom::Error& e) {
+    return e.code();
+  }
+  return loom::ErrorCode::Internal;
+}
+
 inline std::vector<RankResult> runRanks(int n, const std::function<void(loom::Communicator&)>& fn,
                                         loom::Options options = {},
                                         std::chrono::seconds limit = std::chrono::seconds(90),

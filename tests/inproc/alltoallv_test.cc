@@ -84,14 +84,7 @@ TEST(AllToAllv, CountsThatDisagreeFailBothRanks) {
 TEST(AllToAllv, BadArgumentsAreRejected) {
   loomtest::runOk(2, [](loom::Communicator& c) {
     std::vector<float> a(32), b(32);
-    auto code = [](const std::function<void()>& f) {
-      try {
-        f();
-      } catch (const loom::Error& e) {
-        return e.code();
-      }
-      return loom::ErrorCode::Internal;
-    };
+    const auto code = loomtest::errorCodeOf;
     const std::vector<size_t> two = {1, 1}, displs = {0, 1};
     EXPECT_EQ(code([&] { c.allToAllv(a.data(), {1}, {0}, b.data(), two, displs, DataType::Float32); }),
               loom::ErrorCode::InvalidArgument);  // one count for two ranks

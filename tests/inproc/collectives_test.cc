@@ -329,14 +329,7 @@ TEST(Collectives, ManyBackToBackDoNotDrift) {
 TEST(Collectives, BadArgumentsAreRejected) {
   loomtest::runOk(2, [&](loom::Communicator& c) {
     std::vector<float> buf(100);
-    auto code = [](const std::function<void()>& f) {
-      try {
-        f();
-      } catch (const loom::Error& e) {
-        return e.code();
-      }
-      return loom::ErrorCode::Internal;
-    };
+    const auto code = loomtest::errorCodeOf;
     EXPECT_EQ(code([&] { c.allReduce(buf.data(), buf.data() + 10, 50, DataType::Float32, ReduceOp::Sum); }),
               loom::ErrorCode::InvalidArgument);  // overlapping, not in place
     EXPECT_EQ(code([&] { c.broadcast(buf.data(), buf.data(), 10, DataType::Float32, 2); }),
