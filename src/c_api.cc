@@ -99,12 +99,13 @@ loomResult_t guard(F&& f) {
   }
 }
 
+// Point-to-point and barrier work on host buffers only (collectives take streams).
 void checkHostStream(loomStream_t stream, const char* what) {
   if (stream != nullptr) {
     LOOM_THROW(ErrorCode::InvalidArgument, -1,
-               loom::strFormat("%s: a stream was given, but this Loom is built without CUDA: pass NULL for host "
-                               "buffers",
-                               what));
+               loom::strFormat("%s: a stream was given, but %s runs on host buffers only in this version: pass NULL "
+                               "and host buffers",
+                               what, what));
   }
 }
 
@@ -399,8 +400,7 @@ loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, l
                            loomComm_t comm, loomStream_t stream) {
   return guard([&] {
     auto c = lookup(comm);
-    checkHostStream(stream, "all-reduce");
-    c->comm->allReduce(sendbuff, recvbuff, count, toType(datatype), toOp(op));
+    c->comm->allReduce(sendbuff, recvbuff, count, toType(datatype), toOp(op), stream);
   });
 }
 
@@ -408,8 +408,7 @@ loomResult_t loomBroadcast(const void* sendbuff, void* recvbuff, size_t count, l
                            loomComm_t comm, loomStream_t stream) {
   return guard([&] {
     auto c = lookup(comm);
-    checkHostStream(stream, "broadcast");
-    c->comm->broadcast(sendbuff, recvbuff, count, toType(datatype), root);
+    c->comm->broadcast(sendbuff, recvbuff, count, toType(datatype), root, stream);
   });
 }
 
@@ -417,8 +416,7 @@ loomResult_t loomReduce(const void* sendbuff, void* recvbuff, size_t count, loom
                         int root, loomComm_t comm, loomStream_t stream) {
   return guard([&] {
     auto c = lookup(comm);
-    checkHostStream(stream, "reduce");
-    c->comm->reduce(sendbuff, recvbuff, count, toType(datatype), toOp(op), root);
+    c->comm->reduce(sendbuff, recvbuff, count, toType(datatype), toOp(op), root, stream);
   });
 }
 
@@ -426,8 +424,7 @@ loomResult_t loomAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
                            loomComm_t comm, loomStream_t stream) {
   return guard([&] {
     auto c = lookup(comm);
-    checkHostStream(stream, "all-gather");
-    c->comm->allGather(sendbuff, recvbuff, sendcount, toType(datatype));
+    c->comm->allGather(sendbuff, recvbuff, sendcount, toType(datatype), stream);
   });
 }
 
@@ -435,8 +432,7 @@ loomResult_t loomReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                loomRedOp_t op, loomComm_t comm, loomStream_t stream) {
   return guard([&] {
     auto c = lookup(comm);
-    checkHostStream(stream, "reduce-scatter");
-    c->comm->reduceScatter(sendbuff, recvbuff, recvcount, toType(datatype), toOp(op));
+    c->comm->reduceScatter(sendbuff, recvbuff, recvcount, toType(datatype), toOp(op), stream);
   });
 }
 
@@ -444,8 +440,7 @@ loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, lo
                           loomStream_t stream) {
   return guard([&] {
     auto c = lookup(comm);
-    checkHostStream(stream, "all-to-all");
-    c->comm->allToAll(sendbuff, recvbuff, count, toType(datatype));
+    c->comm->allToAll(sendbuff, recvbuff, count, toType(datatype), stream);
   });
 }
 

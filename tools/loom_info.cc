@@ -28,6 +28,7 @@
 #include "core/param.hpp"
 #include "core/signature.hpp"
 #include "core/topology.hpp"
+#include "device/runtime.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/loom.h"
 #include "loom/loom.hpp"
@@ -84,6 +85,13 @@ void printInfo() {
   std::printf("CPU reduction kernels: %s (chosen at run time)\n", loom::kernels::isaName());
   std::printf("Build features: CUDA %s, InfiniBand verbs %s, hwloc %s\n", LOOM_HAVE_CUDA ? "toolkit found" : "no",
               LOOM_HAVE_IBVERBS ? "library found" : "no", LOOM_HAVE_HWLOC ? "library found" : "no");
+  if (loom::device::DeviceRuntime* rt = loom::device::runtime()) {
+    std::printf(
+        "Device buffers: %d CUDA device(s); collectives staged through pinned host memory, streams held by %s\n",
+        rt->deviceCount(), rt->waitMechanism().c_str());
+  } else {
+    std::printf("Device buffers: unavailable (%s)\n", loom::device::unavailableReason().c_str());
+  }
   std::printf("Transports compiled in, in preference order:");
   for (const auto& t : loom::allTransports()) std::printf(" %s", t.name);
   std::printf("\nInterfaces for TCP (LOOM_SOCKET_IFNAME / LOOM_SOCKET_FAMILY):\n");

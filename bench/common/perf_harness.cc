@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "anchors.hpp"
+#include "device/runtime.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/loom.hpp"
 #include "results.hpp"
@@ -31,6 +32,7 @@ struct Options {
   std::vector<DataType> types{DataType::Float32};
   std::vector<ReduceOp> ops{ReduceOp::Sum};
   std::string csv, json, linkRate;
+  bool device = false;  // -G / --device cuda: buffers in the local GPU's memory, on a stream
 };
 
 const char* kTypeNames[] = {"int8",   "uint8", "int32", "uint32", "int64",
@@ -62,7 +64,9 @@ size_t parseSize(const char* s) {
   std::printf(
       "usage: *_perf [-b minbytes] [-e maxbytes] [-f stepfactor | -i stepbytes] [-n iters] [-w warmup]\n"
       "              [-c 0|1] [-o sum|prod|max|min|avg|all] [-d type|all] [-r root]\n"
-      "              [--csv FILE] [--json FILE] [--link-rate RATE]\n"
+      "              [--csv FILE] [--json FILE] [--link-rate RATE] [-G 0|1 | --device host|cuda]\n"
+      "  -G 1 / --device cuda: buffers in GPU memory (the GPU of the rank's local rank), collectives ordered on a\n"
+      "  CUDA stream, timed to the stream's completion, as nccl-tests do\n"
       "  --link-rate: the network's rate (10gbit, 400mbit) for the summary line; else LOOM_LINK_RATE, else the\n"
       "  speed of the interface Loom uses, when the kernel knows it\n"
       "  sizes take K, M, G suffixes; types: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
@@ -75,10 +79,11 @@ Options parse(int argc, char** argv) {
   static option longOpts[] = {{"csv", required_argument, nullptr, 'C'},
                               {"json", required_argument, nullptr, 'J'},
                               {"link-rate", required_argument, nullptr, 'L'},
+                              {"device", required_argument, nullptr, 'D'},
                               {"help", no_argument, nullptr, 'h'},
                               {nullptr, 0, nullptr, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:o:d:r:h", longOpts, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:o:d:r:G:h", longOpts, nullptr)) != -1) {
     switch (c) {
       case 'b':
         o.minBytes = parseSize(optarg);
@@ -106,6 +111,13 @@ Options parse(int argc, char** argv) {
         break;
       case 'C':
         o.csv = optarg;
+        break;
+      case 'G':
+        o.device = std::atoi(optarg) != 0;
+        break;
+      case 'D':
+        if (std::string(optarg) != "host" && std::string(optarg) != "cuda") usage(2);
+        o.device = std::string(optarg) == "cuda";
         break;
       case 'J':
         o.json = optarg;
@@ -286,30 +298,51 @@ struct Bench {
   Kind kind;
   int n, rank;
   std::vector<uint8_t> send, recv;
+  // Device mode: the buffers the collectives get are device copies of send and recv.
+  device::DeviceRuntime* rt = nullptr;
+  device::StreamHandle stream = nullptr;
+  uint8_t *dsend = nullptr, *drecv = nullptr;
+
+  uint8_t* sendBuf() { return rt ? dsend : send.data(); }
+  uint8_t* recvBuf() { return rt ? drecv : recv.data(); }
+  // Host vectors to the device before a checked call, and the results back after it.
+  void upload() {
+    if (!rt) return;
+    rt->copyAsync(dsend, send.data(), send.size(), stream);
+    rt->copyAsync(drecv, recv.data(), recv.size(), stream);
+    rt->synchronize(stream);
+  }
+  void download() {
+    if (!rt) return;
+    rt->synchronize(stream);
+    rt->copyAsync(send.data(), dsend, send.size(), stream);
+    rt->copyAsync(recv.data(), drecv, recv.size(), stream);
+    rt->synchronize(stream);
+  }
 
   // One call of the collective, out of place or in place.
   void run(size_t count, DataType t, ReduceOp op, int root, bool inPlace) {
     const size_t E = sizeOf(t), blk = count * E;
-    uint8_t* s = send.data();
-    uint8_t* r = inPlace ? send.data() : recv.data();
+    uint8_t* s = sendBuf();
+    uint8_t* r = inPlace ? sendBuf() : recvBuf();
     switch (kind) {
       case Kind::AllReduce:
-        comm.allReduce(s, r, count, t, op);
+        comm.allReduce(s, r, count, t, op, stream);
         break;
       case Kind::Broadcast:
-        comm.broadcast(s, r, count, t, root);
+        comm.broadcast(s, r, count, t, root, stream);
         break;
       case Kind::Reduce:
-        comm.reduce(s, r, count, t, op, root);
+        comm.reduce(s, r, count, t, op, root, stream);
         break;
       case Kind::AllGather:
-        comm.allGather(inPlace ? r + rank * blk : s, r, count, t);
+        comm.allGather(inPlace ? r + rank * blk : s, r, count, t, stream);
         break;
       case Kind::ReduceScatter:
-        comm.reduceScatter(s, inPlace ? s + rank * blk : r, count, t, op);
+        comm.reduceScatter(s, inPlace ? s + rank * blk : r, count, t, op, stream);
         break;
       case Kind::AllToAll:
-        comm.allToAll(s, r, count, t);
+        comm.allToAll(s, r, count, t, stream);
         break;
       case Kind::SendRecv: {
         auto rq = comm.irecv(r == s ? recv.data() : r, count, t, (rank + n - 1) % n);
@@ -335,7 +368,9 @@ struct Bench {
   double wrong(size_t count, DataType t, ReduceOp op, int root, bool inPlace) {
     const size_t E = sizeOf(t);
     fillInput(count, t, op, inPlace);
+    upload();
     run(count, t, op, root, inPlace);
+    download();
     const uint8_t* out = inPlace ? send.data() : recv.data();
     double bad = 0;
     auto expectAt = [&](size_t i, double want) { bad += get(out, i, t) != want ? 1 : 0; };
@@ -389,10 +424,13 @@ struct Bench {
   // Seconds per call, the slowest rank's.
   double time(size_t count, DataType t, ReduceOp op, int root, bool inPlace, int warmup, int iters) {
     fillInput(count, t, op, inPlace);
+    upload();
     for (int i = 0; i < warmup; ++i) run(count, t, op, root, inPlace);
+    if (rt) rt->synchronize(stream);
     comm.barrier();
     auto t0 = Clock::now();
     for (int i = 0; i < iters; ++i) run(count, t, op, root, inPlace);
+    if (rt) rt->synchronize(stream);  // device collectives return once queued: time to completion
     double sec = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
     comm.allReduce(&sec, &sec, 1, DataType::Float64, ReduceOp::Max);
     return sec;
@@ -440,11 +478,32 @@ int perfMain(int argc, char** argv, Kind kind) {
     Bench b{comm, kind, n, rank, {}, {}};
     b.send.assign(o.maxBytes + 64, 0);
     b.recv.assign(o.maxBytes + 64, 0);
+    if (o.device) {
+      b.rt = device::runtime();
+      if (b.rt == nullptr) {
+        if (rank == 0) std::fprintf(stderr, "--device cuda: %s\n", device::unavailableReason().c_str());
+        return 2;
+      }
+      if (kind == Kind::SendRecv) {
+        if (rank == 0) std::fprintf(stderr, "sendrecv_perf: device buffers are not supported yet (host only)\n");
+        return 2;
+      }
+      b.rt->setDevice(comm.localRank() % std::max(1, b.rt->deviceCount()));
+      b.stream = b.rt->createStream();
+      b.dsend = static_cast<uint8_t*>(b.rt->allocDevice(b.send.size()));
+      b.drecv = static_cast<uint8_t*>(b.rt->allocDevice(b.recv.size()));
+    }
     Results results(title(kind), n, comm.nodeCount(), findLinkRate(o.linkRate));
     if (rank == 0) {
       char host[256] = {0};
       gethostname(host, sizeof(host) - 1);
       std::printf("# Loom %s: %d ranks (rank 0 on %s), kernels: %s\n", title(kind), n, host, kernels::isaName());
+      if (b.rt) {
+        std::printf("# buffers: device %d (%s), ordered on a stream held by %s\n", b.rt->currentDevice(), b.rt->name(),
+                    b.rt->waitMechanism().c_str());
+      } else {
+        std::printf("# buffers: host memory\n");
+      }
       std::printf(
           "# minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d\n", o.minBytes, o.maxBytes,
           (o.increment > 0 ? std::to_string(o.increment) + "(bytes)" : strFactor(o.factor) + "(factor)").c_str(),
@@ -531,6 +590,11 @@ int perfMain(int argc, char** argv, Kind kind) {
     }
     if (kind == Kind::SendRecv) printAnchors(comm, o, peakBus, peakBytes);
     comm.barrier();
+    if (b.rt) {
+      b.rt->freeDevice(b.dsend);
+      b.rt->freeDevice(b.drecv);
+      b.rt->destroyStream(b.stream);
+    }
     return wrongTotal == 0 ? 0 : 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -75,8 +75,14 @@ typedef enum { loomSum = 0, loomProd = 1, loomMax = 2, loomMin = 3, loomAvg = 4,
 typedef struct loomComm* loomComm_t;
 
 /**
- * A stream: NULL for host buffers. When Loom is built with CUDA, a cudaStream_t on which a
- * device-buffer operation is ordered.
+ * A stream. Collectives on CUDA device buffers (Loom built with CUDA) are ordered on it with
+ * NCCL's semantics: the call returns once the collective is queued; the collective reads its input
+ * after the work queued on the stream before the call, and work queued after the call waits for
+ * it; the host is not blocked (a failure surfaces through loomCommGetAsyncError, and never leaves
+ * the stream held). NULL: host buffers, or the legacy default stream for device buffers. A stream
+ * being captured into a CUDA graph is rejected (loomInvalidUsage); a mix of host and device
+ * buffers in one call is loomInvalidArgument. Send, receive and barrier take host buffers and
+ * NULL only, in this version.
  */
 typedef void* loomStream_t;
 

@@ -280,23 +280,41 @@ class Communicator {
   }
 
   // ---- Collectives: asynchronous forms return Work; they complete in call order. ----
+  //
+  // Device buffers (Loom built with CUDA): any collective also takes CUDA device memory, with
+  // NCCL's stream semantics. `cudaStream` is the cudaStream_t the operation is ordered on (nullptr:
+  // the legacy default stream): the collective reads its input once the work queued on that stream
+  // before the call has completed, and work queued on the stream after the call waits until the
+  // collective has completed. The call returns once that is arranged, whether blocking or not; it
+  // does not wait for the peers, and the host is not blocked. The returned Work completes when the
+  // collective has (and tells of errors; so does checkError()). Every buffer of a call must be
+  // device memory of one device, or every one host memory: a mix is InvalidArgument. A stream being
+  // captured into a CUDA graph is rejected (InvalidUsage). For host buffers `cudaStream` must be
+  // nullptr.
 
   Work ibarrier();
   /// Returns once every rank entered the barrier.
   void barrier();
 
-  Work iallReduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op);
-  void allReduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op);
-  Work ibroadcast(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root);
-  void broadcast(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root);
-  Work ireduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op, int root);
-  void reduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op, int root);
-  Work iallGather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType type);
-  void allGather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType type);
-  Work ireduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op);
-  void reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op);
-  Work iallToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type);
-  void allToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type);
+  Work iallReduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op,
+                  void* cudaStream = nullptr);
+  void allReduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op,
+                 void* cudaStream = nullptr);
+  Work ibroadcast(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root,
+                  void* cudaStream = nullptr);
+  void broadcast(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root, void* cudaStream = nullptr);
+  Work ireduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op, int root,
+               void* cudaStream = nullptr);
+  void reduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op, int root,
+              void* cudaStream = nullptr);
+  Work iallGather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType type, void* cudaStream = nullptr);
+  void allGather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType type, void* cudaStream = nullptr);
+  Work ireduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op,
+                      void* cudaStream = nullptr);
+  void reduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType type, ReduceOp op,
+                     void* cudaStream = nullptr);
+  Work iallToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type, void* cudaStream = nullptr);
+  void allToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type, void* cudaStream = nullptr);
   /// All-to-all with a count per peer (as MPI_Alltoallv): sends sendCounts[j] elements starting at
   /// element sendDispls[j] of sendbuf to rank j, and receives recvCounts[j] elements from rank j
   /// at element recvDispls[j] of recvbuf. Each vector has one entry per rank. Rank i's
@@ -304,10 +322,14 @@ class Communicator {
   /// InvalidUsage. The buffers must not overlap (there is no in-place form).
   Work iallToAllv(const void* sendbuf, const std::vector<size_t>& sendCounts, const std::vector<size_t>& sendDispls,
                   void* recvbuf, const std::vector<size_t>& recvCounts, const std::vector<size_t>& recvDispls,
-                  DataType type);
+                  DataType type, void* cudaStream = nullptr);
   void allToAllv(const void* sendbuf, const std::vector<size_t>& sendCounts, const std::vector<size_t>& sendDispls,
                  void* recvbuf, const std::vector<size_t>& recvCounts, const std::vector<size_t>& recvDispls,
-                 DataType type);
+                 DataType type, void* cudaStream = nullptr);
+
+  /// Where Loom sees `p`: -1 for host memory, else the CUDA device it belongs to (always -1 when
+  /// Loom is built without CUDA or no device is present).
+  static int deviceOf(const void* p);
 
   // ---- Lifetime and errors. ----
 

@@ -1,6 +1,7 @@
 // Entry points of the collectives: argument checks, algorithm choice, and ordered execution on
 // the communicator's op queue (inline when the queue is idle and the call is blocking).
 #include "collectives/context.hpp"
+#include "collectives/device_staging.hpp"
 #include "collectives/select.hpp"
 #include "core/format.hpp"
 #include "core/signature.hpp"
@@ -60,41 +61,49 @@ Algo chooseAlgo(const detail::CommImpl& c, Coll kind, size_t bytes) {
   return algo;
 }
 
-// Runs one collective: asynchronously (returns its Work) or blocking.
-Work launch(detail::CommImpl& c, Coll kind, Args a, bool async) {
+// Runs collective `kind` on host buffers as call `seq`, with the algorithm chosen for its size.
+void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int64_t seq) {
   const size_t bytes = (kind == Coll::AllGather || kind == Coll::ReduceScatter || kind == Coll::AllToAll)
                            ? a.count * a.elem * static_cast<size_t>(c.size())
                            : a.count * a.elem;
   const Algo algo = chooseAlgo(c, kind, bytes);
+  c.enterCall(seq, sig, coll::algoName(algo));
+  coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo), sig);
+  switch (kind) {
+    case Coll::AllReduce:
+      if (algo == Algo::Hierarchical) return coll::allReduceHierarchical(ctx, a);
+      if (algo == Algo::Direct) return coll::allReduceDirect(ctx, a);
+      if (algo == Algo::RecursiveDoubling) return coll::allReduceRecursiveDoubling(ctx, a);
+      if (algo == Algo::DoubleTree) return coll::allReduceDoubleTree(ctx, a);
+      return coll::allReduceRing(ctx, a);
+    case Coll::Broadcast:
+      if (algo == Algo::Hierarchical) return coll::broadcastHierarchical(ctx, a);
+      if (algo == Algo::Direct) return coll::broadcastDirectSmall(ctx, a);
+      return algo == Algo::Binomial ? coll::broadcastBinomial(ctx, a) : coll::broadcastChain(ctx, a);
+    case Coll::Reduce:
+      if (algo == Algo::Hierarchical) return coll::reduceHierarchical(ctx, a);
+      return algo == Algo::Binomial ? coll::reduceBinomial(ctx, a) : coll::reduceRing(ctx, a);
+    case Coll::AllGather:
+      if (algo == Algo::Direct) return coll::allGatherDirectSmall(ctx, a);
+      return coll::allGatherRing(ctx, a);
+    case Coll::ReduceScatter:
+      return coll::reduceScatterRing(ctx, a);
+    case Coll::AllToAll:
+      return a.counts ? coll::allToAllvPairwise(ctx, a) : coll::allToAllPairwise(ctx, a);
+  }
+}
+
+// Runs one collective: asynchronously (returns its Work) or blocking. Device buffers go through
+// the stream-ordered staging path, which never blocks the caller.
+Work launch(detail::CommImpl& c, Coll kind, Args a, void* stream, bool async) {
   const uint64_t sig =
       a.counts ? makeAllToAllvSignature(a.type)
                : makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
-  auto body = [&c, kind, a, algo, sig](int64_t seq) {
-    c.enterCall(seq, sig, coll::algoName(algo));
-    coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo), sig);
-    switch (kind) {
-      case Coll::AllReduce:
-        if (algo == Algo::Hierarchical) return coll::allReduceHierarchical(ctx, a);
-        if (algo == Algo::Direct) return coll::allReduceDirect(ctx, a);
-        if (algo == Algo::RecursiveDoubling) return coll::allReduceRecursiveDoubling(ctx, a);
-        if (algo == Algo::DoubleTree) return coll::allReduceDoubleTree(ctx, a);
-        return coll::allReduceRing(ctx, a);
-      case Coll::Broadcast:
-        if (algo == Algo::Hierarchical) return coll::broadcastHierarchical(ctx, a);
-        if (algo == Algo::Direct) return coll::broadcastDirectSmall(ctx, a);
-        return algo == Algo::Binomial ? coll::broadcastBinomial(ctx, a) : coll::broadcastChain(ctx, a);
-      case Coll::Reduce:
-        if (algo == Algo::Hierarchical) return coll::reduceHierarchical(ctx, a);
-        return algo == Algo::Binomial ? coll::reduceBinomial(ctx, a) : coll::reduceRing(ctx, a);
-      case Coll::AllGather:
-        if (algo == Algo::Direct) return coll::allGatherDirectSmall(ctx, a);
-        return coll::allGatherRing(ctx, a);
-      case Coll::ReduceScatter:
-        return coll::reduceScatterRing(ctx, a);
-      case Coll::AllToAll:
-        return a.counts ? coll::allToAllvPairwise(ctx, a) : coll::allToAllPairwise(ctx, a);
-    }
-  };
+  if (a.device >= 0) {
+    return coll::launchOnDevice(c, kind, a, stream, sig,
+                                [&c, kind, sig](const Args& h, int64_t seq) { runOnHost(c, kind, h, sig, seq); });
+  }
+  auto body = [&c, kind, a, sig](int64_t seq) { runOnHost(c, kind, a, sig, seq); };
   if (async) return Work(c.submit(coll::collName(kind), body, sig));
   c.run(coll::collName(kind), body, sig);
   return Work();
@@ -112,17 +121,21 @@ Args makeArgs(const void* send, void* recv, size_t count, DataType type, ReduceO
   return a;
 }
 
-Work allReduceImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, bool async) {
+Work allReduceImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st,
+                   bool async) {
   auto& c = implOf(comm);
   c.checkOk();
   size_t b = c.checkBuffer(s, n, t, "all-reduce");
   c.checkBuffer(r, n, t, "all-reduce");
   checkOp(op, c.rank());
   checkOverlap(c, s, b, r, b, r, "all-reduce");
-  return launch(c, Coll::AllReduce, makeArgs(s, r, n, t, op, 0), async);
+  Args a = makeArgs(s, r, n, t, op, 0);
+  a.device = coll::locateBuffers(c, {b ? s : nullptr, b ? r : nullptr}, st, "all-reduce");
+  return launch(c, Coll::AllReduce, a, st, async);
 }
 
-Work broadcastImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, int root, bool async) {
+Work broadcastImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, int root, void* st,
+                   bool async) {
   auto& c = implOf(comm);
   c.checkOk();
   c.checkPeer(root, "broadcast root");
@@ -131,10 +144,12 @@ Work broadcastImpl(const Communicator& comm, const void* s, void* r, size_t n, D
     c.checkBuffer(s, n, t, "broadcast");
     checkOverlap(c, s, b, r, b, r, "broadcast");
   }
-  return launch(c, Coll::Broadcast, makeArgs(s, r, n, t, ReduceOp::Sum, root), async);
+  Args a = makeArgs(s, r, n, t, ReduceOp::Sum, root);
+  a.device = coll::locateBuffers(c, {b && c.rank() == root ? s : nullptr, b ? r : nullptr}, st, "broadcast");
+  return launch(c, Coll::Broadcast, a, st, async);
 }
 
-Work reduceImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, int root,
+Work reduceImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, int root, void* st,
                 bool async) {
   auto& c = implOf(comm);
   c.checkOk();
@@ -145,20 +160,24 @@ Work reduceImpl(const Communicator& comm, const void* s, void* r, size_t n, Data
     c.checkBuffer(r, n, t, "reduce");
     checkOverlap(c, s, b, r, b, r, "reduce");
   }
-  return launch(c, Coll::Reduce, makeArgs(s, r, n, t, op, root), async);
+  Args a = makeArgs(s, r, n, t, op, root);
+  a.device = coll::locateBuffers(c, {b ? s : nullptr, b && c.rank() == root ? r : nullptr}, st, "reduce");
+  return launch(c, Coll::Reduce, a, st, async);
 }
 
-Work allGatherImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, bool async) {
+Work allGatherImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, void* st, bool async) {
   auto& c = implOf(comm);
   c.checkOk();
   size_t b = c.checkBuffer(s, n, t, "all-gather");
   size_t total = c.checkBuffer(r, timesSize(c, n, "all-gather"), t, "all-gather");
   const void* inPlace = static_cast<const uint8_t*>(r) + static_cast<size_t>(c.rank()) * b;
   checkOverlap(c, s, b, r, total, inPlace, "all-gather");
-  return launch(c, Coll::AllGather, makeArgs(s, r, n, t, ReduceOp::Sum, 0), async);
+  Args a = makeArgs(s, r, n, t, ReduceOp::Sum, 0);
+  a.device = coll::locateBuffers(c, {b ? s : nullptr, total ? r : nullptr}, st, "all-gather");
+  return launch(c, Coll::AllGather, a, st, async);
 }
 
-Work reduceScatterImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op,
+Work reduceScatterImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st,
                        bool async) {
   auto& c = implOf(comm);
   c.checkOk();
@@ -167,16 +186,20 @@ Work reduceScatterImpl(const Communicator& comm, const void* s, void* r, size_t 
   checkOp(op, c.rank());
   const void* inPlace = static_cast<const uint8_t*>(s) + static_cast<size_t>(c.rank()) * b;
   checkOverlap(c, r, b, s, total, inPlace, "reduce-scatter");
-  return launch(c, Coll::ReduceScatter, makeArgs(s, r, n, t, op, 0), async);
+  Args a = makeArgs(s, r, n, t, op, 0);
+  a.device = coll::locateBuffers(c, {total ? s : nullptr, b ? r : nullptr}, st, "reduce-scatter");
+  return launch(c, Coll::ReduceScatter, a, st, async);
 }
 
-Work allToAllImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, bool async) {
+Work allToAllImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, void* st, bool async) {
   auto& c = implOf(comm);
   c.checkOk();
   size_t total = c.checkBuffer(s, timesSize(c, n, "all-to-all"), t, "all-to-all");
   c.checkBuffer(r, timesSize(c, n, "all-to-all"), t, "all-to-all");
   checkOverlap(c, s, total, r, total, r, "all-to-all");
-  return launch(c, Coll::AllToAll, makeArgs(s, r, n, t, ReduceOp::Sum, 0), async);
+  Args a = makeArgs(s, r, n, t, ReduceOp::Sum, 0);
+  a.device = coll::locateBuffers(c, {total ? s : nullptr, total ? r : nullptr}, st, "all-to-all");
+  return launch(c, Coll::AllToAll, a, st, async);
 }
 
 // The extent in bytes of blocks at `displs` of `counts` elements (0 when all are empty).
@@ -197,7 +220,7 @@ size_t extentOf(const detail::CommImpl& c, const std::vector<size_t>& counts, co
 
 Work allToAllvImpl(const Communicator& comm, const void* s, const std::vector<size_t>& sendCounts,
                    const std::vector<size_t>& sendDispls, void* r, const std::vector<size_t>& recvCounts,
-                   const std::vector<size_t>& recvDispls, DataType t, bool async) {
+                   const std::vector<size_t>& recvDispls, DataType t, void* st, bool async) {
   auto& c = implOf(comm);
   c.checkOk();
   c.checkBuffer(nullptr, 0, t, "all-to-all-v");  // the datatype
@@ -232,10 +255,16 @@ Work allToAllvImpl(const Communicator& comm, const void* s, const std::vector<si
   for (const auto* v : {&sendCounts, &sendDispls, &recvCounts, &recvDispls})
     counts->insert(counts->end(), v->begin(), v->end());
   a.counts = std::move(counts);
-  return launch(c, Coll::AllToAll, a, async);
+  a.device = coll::locateBuffers(c, {sendBytes ? s : nullptr, recvBytes ? r : nullptr}, st, "all-to-all-v");
+  return launch(c, Coll::AllToAll, a, st, async);
 }
 
 }  // namespace
+
+int Communicator::deviceOf(const void* p) {
+  device::DeviceRuntime* rt = device::runtime();
+  return rt == nullptr ? -1 : rt->deviceOf(p);
+}
 
 std::string Communicator::algorithmFor(const std::string& collective, size_t bytes) const {
   auto& c = implOf(*this);
@@ -247,48 +276,52 @@ std::string Communicator::algorithmFor(const std::string& collective, size_t byt
                        collective.c_str()));
 }
 
-Work Communicator::iallReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
-  return allReduceImpl(*this, s, r, n, t, op, true);
+Work Communicator::iallReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st) {
+  return allReduceImpl(*this, s, r, n, t, op, st, true);
 }
-void Communicator::allReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
-  allReduceImpl(*this, s, r, n, t, op, false);
+void Communicator::allReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st) {
+  allReduceImpl(*this, s, r, n, t, op, st, false);
 }
-Work Communicator::ibroadcast(const void* s, void* r, size_t n, DataType t, int root) {
-  return broadcastImpl(*this, s, r, n, t, root, true);
+Work Communicator::ibroadcast(const void* s, void* r, size_t n, DataType t, int root, void* st) {
+  return broadcastImpl(*this, s, r, n, t, root, st, true);
 }
-void Communicator::broadcast(const void* s, void* r, size_t n, DataType t, int root) {
-  broadcastImpl(*this, s, r, n, t, root, false);
+void Communicator::broadcast(const void* s, void* r, size_t n, DataType t, int root, void* st) {
+  broadcastImpl(*this, s, r, n, t, root, st, false);
 }
-Work Communicator::ireduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, int root) {
-  return reduceImpl(*this, s, r, n, t, op, root, true);
+Work Communicator::ireduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, int root, void* st) {
+  return reduceImpl(*this, s, r, n, t, op, root, st, true);
 }
-void Communicator::reduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, int root) {
-  reduceImpl(*this, s, r, n, t, op, root, false);
+void Communicator::reduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, int root, void* st) {
+  reduceImpl(*this, s, r, n, t, op, root, st, false);
 }
-Work Communicator::iallGather(const void* s, void* r, size_t n, DataType t) {
-  return allGatherImpl(*this, s, r, n, t, true);
+Work Communicator::iallGather(const void* s, void* r, size_t n, DataType t, void* st) {
+  return allGatherImpl(*this, s, r, n, t, st, true);
 }
-void Communicator::allGather(const void* s, void* r, size_t n, DataType t) { allGatherImpl(*this, s, r, n, t, false); }
-Work Communicator::ireduceScatter(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
-  return reduceScatterImpl(*this, s, r, n, t, op, true);
+void Communicator::allGather(const void* s, void* r, size_t n, DataType t, void* st) {
+  allGatherImpl(*this, s, r, n, t, st, false);
 }
-void Communicator::reduceScatter(const void* s, void* r, size_t n, DataType t, ReduceOp op) {
-  reduceScatterImpl(*this, s, r, n, t, op, false);
+Work Communicator::ireduceScatter(const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st) {
+  return reduceScatterImpl(*this, s, r, n, t, op, st, true);
 }
-Work Communicator::iallToAll(const void* s, void* r, size_t n, DataType t) {
-  return allToAllImpl(*this, s, r, n, t, true);
+void Communicator::reduceScatter(const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st) {
+  reduceScatterImpl(*this, s, r, n, t, op, st, false);
 }
-void Communicator::allToAll(const void* s, void* r, size_t n, DataType t) { allToAllImpl(*this, s, r, n, t, false); }
+Work Communicator::iallToAll(const void* s, void* r, size_t n, DataType t, void* st) {
+  return allToAllImpl(*this, s, r, n, t, st, true);
+}
+void Communicator::allToAll(const void* s, void* r, size_t n, DataType t, void* st) {
+  allToAllImpl(*this, s, r, n, t, st, false);
+}
 
 Work Communicator::iallToAllv(const void* s, const std::vector<size_t>& sendCounts,
                               const std::vector<size_t>& sendDispls, void* r, const std::vector<size_t>& recvCounts,
-                              const std::vector<size_t>& recvDispls, DataType t) {
-  return allToAllvImpl(*this, s, sendCounts, sendDispls, r, recvCounts, recvDispls, t, true);
+                              const std::vector<size_t>& recvDispls, DataType t, void* st) {
+  return allToAllvImpl(*this, s, sendCounts, sendDispls, r, recvCounts, recvDispls, t, st, true);
 }
 void Communicator::allToAllv(const void* s, const std::vector<size_t>& sendCounts,
                              const std::vector<size_t>& sendDispls, void* r, const std::vector<size_t>& recvCounts,
-                             const std::vector<size_t>& recvDispls, DataType t) {
-  allToAllvImpl(*this, s, sendCounts, sendDispls, r, recvCounts, recvDispls, t, false);
+                             const std::vector<size_t>& recvDispls, DataType t, void* st) {
+  allToAllvImpl(*this, s, sendCounts, sendDispls, r, recvCounts, recvDispls, t, st, false);
 }
 
 }  // namespace loom

@@ -28,6 +28,8 @@ struct Args {
   /// All-to-all with counts per peer: send counts, send displacements, receive counts, receive
   /// displacements (elements), size() entries each, one after another. Null otherwise.
   std::shared_ptr<const std::vector<size_t>> counts;
+  /// The CUDA device the buffers are on, -1 for host memory (collectives/device_staging.hpp).
+  int device = -1;
 };
 
 class Context {

@@ -397,18 +397,24 @@ RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uin
   return postRecv(peer, buf, bytes, tag, l);
 }
 
-RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)> body, uint64_t sig) {
+RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)> body, uint64_t sig, int64_t seqs) {
   checkOk();
-  const int64_t seq = nextSeq_.fetch_add(1);
+  const int64_t seq = nextSeq_.fetch_add(seqs);
   auto done = std::make_shared<Request>(rank_, -1, strFormat("%s #%lld", what.c_str(), static_cast<long long>(seq)),
                                         timeout_, failure_);
   done->setQueue(progress_);
-  flight_.queued(seq, sig);
+  for (int64_t k = 0; k < seqs; ++k) flight_.queued(seq + k, sig);
   queue_->submit(done, [this, body = std::move(body), seq] {
     AttendScope attend(progress_);
     runRecorded(seq, body);
   });
   return done;
+}
+
+std::shared_ptr<void> CommImpl::deviceState(const std::function<std::shared_ptr<void>()>& make) {
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  if (!deviceState_) deviceState_ = make();
+  return deviceState_;
 }
 
 void CommImpl::runRecorded(int64_t seq, const std::function<void(int64_t)>& body) {

@@ -66,7 +66,9 @@ class CommImpl : public Progressable {
 
   // ---- Collectives. `body` runs on the op queue with the collective's sequence number. ----
   /// `sig` is the call's signature (core/signature.hpp) for the flight recorder, 0 for internal calls.
-  RequestPtr submit(const std::string& what, std::function<void(int64_t seq)> body, uint64_t sig = 0);
+  /// `seqs` sequence numbers are reserved, seq to seq + seqs - 1, for a call that runs as several
+  /// collectives (a device collective's staged chunks); the body runs the others with runRecorded.
+  RequestPtr submit(const std::string& what, std::function<void(int64_t seq)> body, uint64_t sig = 0, int64_t seqs = 1);
   /// Runs a collective and waits for it (inline when the queue is idle).
   void run(const std::string& what, const std::function<void(int64_t seq)>& body, uint64_t sig = 0);
   void barrierBody(int64_t seq);
@@ -149,6 +151,10 @@ class CommImpl : public Progressable {
   StoreAccess shrinkAccess(std::chrono::milliseconds wait, int* newRank, int* newSize);
   const Options& options() const { return options_; }
 
+  /// The state of collectives on device buffers (collectives/device_staging.cc): made by `make`
+  /// on first use, then the same for the communicator's lifetime.
+  std::shared_ptr<void> deviceState(const std::function<std::shared_ptr<void>()>& make);
+
   // ---- Errors and lifetime. ----
   void abort();
   /// Throws the failure that marked this communicator failed, if any.
@@ -192,8 +198,10 @@ class CommImpl : public Progressable {
   std::vector<uint8_t> scratch_[kScratchSlots];
   std::optional<LinkModel> link_;
   std::shared_ptr<const coll::Selector> selector_;
-  int ranksOnThisMachine_ = 1;  // ranks whose boot id is this rank's (network namespaces split nodes)
-  std::vector<int> nodeOf_;     // by rank: index of its node, numbered by lowest rank
+  std::mutex deviceMu_;
+  std::shared_ptr<void> deviceState_;  // collectives/device_staging.cc
+  int ranksOnThisMachine_ = 1;         // ranks whose boot id is this rank's (network namespaces split nodes)
+  std::vector<int> nodeOf_;            // by rank: index of its node, numbered by lowest rank
   std::vector<std::vector<int>>
       nodeRanks_;  // by node: its ranks  // set once, right after joining, before any user call
 };

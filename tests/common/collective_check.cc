@@ -162,11 +162,51 @@ std::string describe(const Case& k, const char* what, int rank) {
 }
 
 // Runs one collective case on this rank and checks it.
+namespace {
+DeviceBuffers* gDevice = nullptr;
+
+// The buffers runCase hands to Loom: the host vectors themselves, or device copies of them
+// (uploaded when first asked for, downloaded by finish() once the stream has drained).
+class Mirror {
+ public:
+  explicit Mirror(int rank) : dev_(gDevice), stream_(dev_ ? dev_->stream(rank) : nullptr) {}
+  ~Mirror() {
+    for (auto& m : maps_) dev_->free(m.second);
+  }
+  Mirror(const Mirror&) = delete;
+  Mirror& operator=(const Mirror&) = delete;
+  uint8_t* of(std::vector<uint8_t>& v) {
+    if (dev_ == nullptr) return v.data();
+    for (auto& m : maps_)
+      if (m.first == &v) return static_cast<uint8_t*>(m.second);
+    void* p = dev_->alloc(v.size());
+    dev_->upload(p, v.data(), v.size());
+    maps_.emplace_back(&v, p);
+    return static_cast<uint8_t*>(p);
+  }
+  void* stream() const { return stream_; }
+  void finish() {
+    if (dev_ == nullptr) return;
+    dev_->synchronize(stream_);
+    for (auto& m : maps_) dev_->download(m.first->data(), m.second, m.first->size());
+  }
+
+ private:
+  DeviceBuffers* dev_;
+  void* stream_;
+  std::vector<std::pair<std::vector<uint8_t>*, void*>> maps_;
+};
+}  // namespace
+
+void setDeviceBuffers(DeviceBuffers* d) { gDevice = d; }
+
 void runCase(loom::Communicator& c, const char* coll, const Case& k, const Report& fail) {
   const int n = c.size(), r = c.rank();
   const size_t E = loom::sizeOf(k.type), cnt = k.count, N = static_cast<size_t>(n);
   std::string what = describe(k, coll, r);
   std::vector<uint8_t> in, out;
+  Mirror m(r);
+  void* st = m.stream();
   auto fill = [&](std::vector<uint8_t>& v, size_t elems, size_t base, int rank) {
     v.assign(elems * E + 64, 0xA5);  // a tail of canaries catches writes past the end
     for (size_t i = 0; i < elems; ++i) store(v.data(), i, k.type, inputValue(rank, base + i, k.type, k.op));
@@ -182,13 +222,15 @@ void runCase(loom::Communicator& c, const char* coll, const Case& k, const Repor
   if (name == "all_reduce") {
     fill(in, cnt, 0, r);
     if (k.inPlace) {
-      c.allReduce(in.data(), in.data(), cnt, k.type, k.op);
+      c.allReduce(m.of(in), m.of(in), cnt, k.type, k.op, st);
+      m.finish();
       expectBuffer(
           in.data(), cnt, k.type, k.op, [&](size_t i) { return expected(n, i, k.type, k.op); }, what, fail);
       canariesIntact(in, cnt);
     } else {
       out.assign(cnt * E + 64, 0xA5);
-      c.allReduce(in.data(), out.data(), cnt, k.type, k.op);
+      c.allReduce(m.of(in), m.of(out), cnt, k.type, k.op, st);
+      m.finish();
       expectBuffer(
           out.data(), cnt, k.type, k.op, [&](size_t i) { return expected(n, i, k.type, k.op); }, what, fail);
       canariesIntact(out, cnt);
@@ -196,36 +238,39 @@ void runCase(loom::Communicator& c, const char* coll, const Case& k, const Repor
   } else if (name == "reduce") {
     fill(in, cnt, 0, r);
     out.assign(cnt * E + 64, 0xA5);
-    void* dst = k.inPlace ? in.data() : out.data();
-    c.reduce(in.data(), dst, cnt, k.type, k.op, k.root);
+    std::vector<uint8_t>& dst = k.inPlace ? in : out;
+    c.reduce(m.of(in), m.of(dst), cnt, k.type, k.op, k.root, st);
+    m.finish();
     if (r == k.root) {
       expectBuffer(
-          dst, cnt, k.type, k.op, [&](size_t i) { return expected(n, i, k.type, k.op); }, what, fail);
-      canariesIntact(k.inPlace ? in : out, cnt);
+          dst.data(), cnt, k.type, k.op, [&](size_t i) { return expected(n, i, k.type, k.op); }, what, fail);
+      canariesIntact(dst, cnt);
     }
   } else if (name == "broadcast") {
     fill(in, cnt, 0, r);
     out.assign(cnt * E + 64, 0xA5);
-    void* dst = k.inPlace ? in.data() : out.data();
-    c.broadcast(in.data(), dst, cnt, k.type, k.root);
+    std::vector<uint8_t>& dst = k.inPlace ? in : out;
+    c.broadcast(m.of(in), m.of(dst), cnt, k.type, k.root, st);
+    m.finish();
     expectBuffer(
-        dst, cnt, k.type, ReduceOp::Sum,
+        dst.data(), cnt, k.type, ReduceOp::Sum,
         [&](size_t i) {
           uint8_t one[8];
           store(one, 0, k.type, inputValue(k.root, i, k.type, k.op));
           return load(one, 0, k.type);
         },
         what, fail);
-    canariesIntact(k.inPlace ? in : out, cnt);
+    canariesIntact(dst, cnt);
   } else if (name == "all_gather") {
     out.assign(N * cnt * E + 64, 0xA5);
     if (k.inPlace) {
       for (size_t i = 0; i < cnt; ++i) store(out.data(), r * cnt + i, k.type, inputValue(r, i, k.type, k.op));
-      c.allGather(out.data() + r * cnt * E, out.data(), cnt, k.type);
+      c.allGather(m.of(out) + r * cnt * E, m.of(out), cnt, k.type, st);
     } else {
       fill(in, cnt, 0, r);
-      c.allGather(in.data(), out.data(), cnt, k.type);
+      c.allGather(m.of(in), m.of(out), cnt, k.type, st);
     }
+    m.finish();
     expectBuffer(
         out.data(), N * cnt, k.type, ReduceOp::Sum,
         [&](size_t g) {
@@ -239,18 +284,24 @@ void runCase(loom::Communicator& c, const char* coll, const Case& k, const Repor
   } else if (name == "reduce_scatter") {
     fill(in, N * cnt, 0, r);
     out.assign(cnt * E + 64, 0xA5);
-    void* dst = k.inPlace ? in.data() + r * cnt * E : out.data();
-    c.reduceScatter(in.data(), dst, cnt, k.type, k.op);
+    if (k.inPlace) {
+      c.reduceScatter(m.of(in), m.of(in) + r * cnt * E, cnt, k.type, k.op, st);
+    } else {
+      c.reduceScatter(m.of(in), m.of(out), cnt, k.type, k.op, st);
+    }
+    m.finish();
+    const uint8_t* dst = k.inPlace ? in.data() + r * cnt * E : out.data();
     expectBuffer(
         dst, cnt, k.type, k.op, [&](size_t i) { return expected(n, r * cnt + i, k.type, k.op); }, what, fail);
     if (!k.inPlace) canariesIntact(out, cnt);
   } else if (name == "all_to_all") {
     fill(in, N * cnt, static_cast<size_t>(r) * 1000, r);
     out.assign(N * cnt * E + 64, 0xA5);
-    void* dst = k.inPlace ? in.data() : out.data();
-    c.allToAll(in.data(), dst, cnt, k.type);
+    std::vector<uint8_t>& dst = k.inPlace ? in : out;
+    c.allToAll(m.of(in), m.of(dst), cnt, k.type, st);
+    m.finish();
     expectBuffer(
-        dst, N * cnt, k.type, ReduceOp::Sum,
+        dst.data(), N * cnt, k.type, ReduceOp::Sum,
         [&](size_t g) {
           size_t p = g / std::max<size_t>(cnt, 1), i = g % std::max<size_t>(cnt, 1);
           uint8_t one[8];
@@ -258,7 +309,7 @@ void runCase(loom::Communicator& c, const char* coll, const Case& k, const Repor
           return load(one, 0, k.type);
         },
         what, fail);
-    canariesIntact(k.inPlace ? in : out, N * cnt);
+    canariesIntact(dst, N * cnt);
   }
 }
 

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "loom/loom.hpp"
 
@@ -40,6 +42,24 @@ std::string describe(const Case& k, const char* what, int rank);
 
 /// Called with a description of each mismatch found.
 using Report = std::function<void(const std::string&)>;
+
+/// Where runCase puts the buffers it passes to Loom, when not in host memory: a device (the CUDA
+/// runtime in the gpu suite, an emulated one elsewhere). Uploads and downloads are synchronous.
+class DeviceBuffers {
+ public:
+  virtual ~DeviceBuffers() = default;
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual void upload(void* dev, const void* host, size_t bytes) = 0;
+  virtual void download(void* host, const void* dev, size_t bytes) = 0;
+  /// The stream rank `rank` orders its collectives on.
+  virtual void* stream(int rank) = 0;
+  /// Waits until everything queued on `stream` has run.
+  virtual void synchronize(void* stream) = 0;
+};
+/// Makes runCase (and runMatrix) use `d` (nullptr: host memory again). Not thread-safe against
+/// cases running.
+void setDeviceBuffers(DeviceBuffers* d);
 
 /// Runs collective `coll` (one of kColls) with case k on this rank and checks the result.
 void runCase(loom::Communicator& c, const char* coll, const Case& k, const Report& fail);

@@ -1,0 +1,378 @@
+// Collectives on device buffers through pinned host staging (see device_staging.hpp).
+#include "collectives/device_staging.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <thread>
+
+#include "core/deadline.hpp"
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/param.hpp"
+
+namespace loom {
+namespace coll {
+namespace {
+
+LOOM_PARAM_INT(stagingBytesParam, "LOOM_DEVICE_STAGING_BYTES", 4 << 20,
+               "pinned host bytes per staging slot for collectives on device buffers (3 slots per communicator)");
+
+// ---- Completion flags: 32-bit words in mapped host memory, one per communicator. Never freed: a
+// stream may still read its flag after the communicator is gone (it was released before). ----
+
+struct FlagPool {
+  std::mutex mu;
+  std::map<device::DeviceRuntime*, std::vector<volatile uint32_t*>> freeByRuntime;
+  static FlagPool& get() {
+    static auto* p = new FlagPool();  // process lifetime, like the flags
+    return *p;
+  }
+  volatile uint32_t* take(device::DeviceRuntime& rt) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& free = freeByRuntime[&rt];
+    if (free.empty()) {
+      constexpr size_t kPerPage = 64;  // one cache line apart each
+      auto* page = static_cast<uint32_t*>(rt.allocPinned(kPerPage * 64));
+      for (size_t i = 0; i < kPerPage; ++i) free.push_back(page + i * 16);
+    }
+    volatile uint32_t* f = free.back();
+    free.pop_back();
+    return f;
+  }
+};
+
+// Per communicator: the flag and its counters, copy streams, pinned slots.
+class DeviceState {
+ public:
+  explicit DeviceState(device::DeviceRuntime& rt) : rt_(rt), flag_(FlagPool::get().take(rt)) {
+    issued_ = released_ = *flag_;
+  }
+  ~DeviceState() {
+    releaseAll();
+    for (auto& [dev, s] : streams_) {
+      rt_.destroyStream(s.d2h);
+      rt_.destroyStream(s.h2d);
+    }
+    for (auto& slot : slots_) rt_.freePinned(slot.mem);
+  }
+  DeviceState(const DeviceState&) = delete;
+  DeviceState& operator=(const DeviceState&) = delete;
+
+  device::DeviceRuntime& rt() { return rt_; }
+  volatile uint32_t* flag() { return flag_; }
+  std::mutex& callMutex() { return callMu_; }
+  /// The next completion token (call with callMutex held, in queue order).
+  uint32_t nextToken() { return ++issued_; }
+  /// Lets streams waiting for `token` (and every earlier one) go on.
+  void release(uint32_t token) {
+    std::lock_guard<std::mutex> lock(relMu_);
+    if (static_cast<int32_t>(token - released_) <= 0) return;
+    released_ = token;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    *flag_ = token;
+  }
+  void releaseAll() {
+    std::lock_guard<std::mutex> lock(callMu_);
+    release(issued_);
+  }
+
+  struct Streams {
+    device::StreamHandle d2h = nullptr, h2d = nullptr;
+  };
+  /// The copy streams on `dev` (the op queue's thread, with `dev` current).
+  Streams& streams(int dev) {
+    auto it = streams_.find(dev);
+    if (it != streams_.end()) return it->second;
+    Streams s;
+    s.d2h = rt_.createStream();
+    s.h2d = rt_.createStream();
+    return streams_.emplace(dev, s).first->second;
+  }
+  /// Pinned slot `i` of at least `bytes` (op queue's thread only).
+  uint8_t* slot(int i, size_t bytes) {
+    Slot& s = slots_[static_cast<size_t>(i)];
+    if (s.bytes < bytes) {
+      rt_.freePinned(s.mem);
+      s.mem = nullptr;
+      s.bytes = 0;
+      s.mem = rt_.allocPinned(bytes);
+      s.bytes = bytes;
+    }
+    return static_cast<uint8_t*>(s.mem);
+  }
+
+ private:
+  struct Slot {
+    void* mem = nullptr;
+    size_t bytes = 0;
+  };
+  device::DeviceRuntime& rt_;
+  volatile uint32_t* flag_;
+  std::mutex callMu_, relMu_;
+  uint32_t issued_ = 0, released_ = 0;
+  std::map<int, Streams> streams_;
+  Slot slots_[3];
+};
+
+std::shared_ptr<DeviceState> stateOf(detail::CommImpl& c, device::DeviceRuntime& rt) {
+  return std::static_pointer_cast<DeviceState>(
+      c.deviceState([&rt] { return std::static_pointer_cast<void>(std::make_shared<DeviceState>(rt)); }));
+}
+
+// Waits for `e` on the op queue's thread: spins a little, then sleeps in short steps; checks the
+// communicator now and then (a failed peer, a dump request) and gives up at `deadline`.
+void waitEvent(device::DeviceRuntime& rt, device::EventHandle e, const detail::CommImpl& c, const Deadline& deadline,
+               const char* what) {
+  for (int spins = 0; !rt.eventDone(e); ++spins) {
+    if (spins < 200) {
+      std::this_thread::yield();
+      continue;
+    }
+    c.checkOk();
+    if (deadline.expired()) {
+      LOOM_THROW(ErrorCode::Timeout, c.rank(),
+                 strFormat("%s did not complete within %.1f s", what, deadline.totalSeconds()));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+// Elements of the host-side staging per element of a chunk: input and output blocks together.
+size_t stagingFactor(Coll kind, int size) {
+  const auto n = static_cast<size_t>(size);
+  switch (kind) {
+    case Coll::AllGather:
+    case Coll::ReduceScatter:
+      return n + 1;
+    case Coll::AllToAll:
+      return 2 * n;
+    default:
+      return 2;
+  }
+}
+
+// Which sides a rank copies: its input to the host, the result back to the device.
+bool copiesIn(Coll kind, const Args& a, int rank) { return kind != Coll::Broadcast || rank == a.root; }
+bool copiesOut(Coll kind, const Args& a, int rank) {
+  if (kind == Coll::Reduce) return rank == a.root;
+  if (kind == Coll::Broadcast && rank == a.root) return a.send != a.recv;
+  return true;
+}
+
+// One staged chunk: elements [off, off + m) of each block.
+struct Chunk {
+  size_t off = 0, m = 0;
+};
+
+}  // namespace
+
+size_t deviceStagingBytes() { return static_cast<size_t>(std::max<int64_t>(stagingBytesParam(), 4096)); }
+
+DeviceChunks planDeviceChunks(Coll kind, size_t count, size_t elem, int size, size_t stagingBytes) {
+  DeviceChunks d;
+  const size_t perElem = stagingFactor(kind, size) * elem;
+  d.elems = std::max<size_t>(1, stagingBytes / perElem);
+  d.chunks = count == 0 ? 1 : (count + d.elems - 1) / d.elems;
+  return d;
+}
+
+int locateBuffers(const detail::CommImpl& c, const std::vector<const void*>& buffers, void* stream, const char* what) {
+  device::DeviceRuntime* rt = device::runtime();
+  if (rt == nullptr) {
+    if (stream != nullptr) {
+      LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+                 strFormat("%s: a CUDA stream was given, but %s; pass no stream for host buffers", what,
+                           device::unavailableReason().c_str()));
+    }
+    return -1;
+  }
+  int dev = -2;  // none looked at yet
+  bool anyHost = false;
+  for (const void* p : buffers) {
+    if (p == nullptr) continue;
+    const int d = rt->deviceOf(p);
+    if (d < 0) {
+      anyHost = true;
+    } else if (dev >= 0 && d != dev) {
+      LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+                 strFormat("%s: buffers on two devices (%d and %d); one call works on one device", what, dev, d));
+    } else {
+      dev = d;
+    }
+  }
+  if (dev >= 0 && anyHost) {
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+               strFormat("%s: a mix of host and device (CUDA device %d) buffers; pass all host or all device buffers",
+                         what, dev));
+  }
+  if (dev < 0 && anyHost && stream != nullptr) {
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+               strFormat("%s: a CUDA stream was given with host buffers; pass no stream for host buffers", what));
+  }
+  if (dev < 0 && stream != nullptr) dev = rt->currentDevice();  // count 0 on a stream: still stream-ordered
+  return dev < 0 ? -1 : dev;
+}
+
+Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig, const HostRun& run) {
+  device::DeviceRuntime* rt = device::runtime();
+  if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
+  const char* what = collName(kind);
+  if (rt->capturing(stream)) {
+    LOOM_THROW(ErrorCode::InvalidUsage, c.rank(),
+               strFormat("%s: the stream is being captured into a CUDA graph; Loom's collectives are driven by "
+                         "the host and cannot be captured: run them outside the capture",
+                         what));
+  }
+  std::shared_ptr<DeviceState> st = stateOf(c, *rt);
+  const DeviceChunks plan = planDeviceChunks(kind, a.counts ? 1 : a.count, a.elem, c.size(), deviceStagingBytes());
+  const size_t chunks = a.counts ? 1 : plan.chunks;
+
+  device::EventHandle ready = rt->recordEvent(stream);
+  auto body = [&c, st, kind, a, sig, run, ready, plan, chunks](int64_t seq) {
+    device::DeviceRuntime& rt = st->rt();
+    struct EventGuard {
+      device::DeviceRuntime& rt;
+      device::EventHandle e;
+      ~EventGuard() { rt.destroyEvent(e); }
+    } readyGuard{rt, ready};
+    rt.setDevice(a.device);
+    const int rank = c.rank(), n = c.size();
+    const auto N = static_cast<size_t>(n);
+    const size_t E = a.elem;
+    waitEvent(rt, ready, c, Deadline(c.timeout()),
+              strFormat("the work queued on the stream before %s #%lld", collName(kind), static_cast<long long>(seq))
+                  .c_str());
+    DeviceState::Streams& cs = st->streams(a.device);
+
+    // Host bytes of a chunk of m elements: input block, output block.
+    auto inBytes = [&](size_t m) {
+      if (a.counts) {
+        const auto& v = *a.counts;
+        size_t end = 0;
+        for (size_t j = 0; j < N; ++j) end = std::max(end, v[N + j] + v[j]);
+        return end * E;
+      }
+      return (kind == Coll::ReduceScatter || kind == Coll::AllToAll ? N : 1) * m * E;
+    };
+    auto outBytes = [&](size_t m) {
+      if (a.counts) {
+        const auto& v = *a.counts;
+        size_t end = 0;
+        for (size_t j = 0; j < N; ++j) end = std::max(end, v[3 * N + j] + v[2 * N + j]);
+        return end * E;
+      }
+      return (kind == Coll::AllGather || kind == Coll::AllToAll ? N : 1) * m * E;
+    };
+    const size_t slotIn = inBytes(plan.elems), slotOut = outBytes(plan.elems);
+    uint8_t* slots[3];
+    for (int i = 0; i < 3; ++i) slots[i] = st->slot(i, slotIn + slotOut + 64);
+    auto chunkAt = [&](size_t j) {
+      Chunk k;
+      k.off = j * plan.elems;
+      k.m = a.counts ? 0 : std::min(plan.elems, a.count - std::min(a.count, k.off));
+      return k;
+    };
+    const bool in = copiesIn(kind, a, rank), out = copiesOut(kind, a, rank);
+    const uint8_t* src = static_cast<const uint8_t*>(a.send);
+    auto* dst = static_cast<uint8_t*>(a.recv);
+
+    auto copyIn = [&](size_t j) {
+      const Chunk k = chunkAt(j);
+      uint8_t* h = slots[j % 3];
+      if (!in) return;
+      if (a.counts) {
+        rt.copyAsync(h, src, inBytes(0), cs.d2h);
+      } else if (kind == Coll::ReduceScatter || kind == Coll::AllToAll) {
+        rt.copy2DAsync(h, k.m * E, src + k.off * E, a.count * E, k.m * E, N, cs.d2h);
+      } else {
+        rt.copyAsync(h, src + k.off * E, k.m * E, cs.d2h);
+      }
+    };
+    auto copyOut = [&](size_t j) {
+      const Chunk k = chunkAt(j);
+      const uint8_t* h = slots[j % 3] + slotIn;
+      if (!out) return;
+      if (a.counts) {
+        const auto& v = *a.counts;
+        for (size_t p = 0; p < N; ++p)
+          rt.copyAsync(dst + v[3 * N + p] * E, h + v[3 * N + p] * E, v[2 * N + p] * E, cs.h2d);
+      } else if (kind == Coll::AllGather || kind == Coll::AllToAll) {
+        rt.copy2DAsync(dst + k.off * E, a.count * E, h, k.m * E, k.m * E, N, cs.h2d);
+      } else {
+        rt.copyAsync(dst + k.off * E, h, k.m * E, cs.h2d);
+      }
+    };
+
+    // The pipeline. inEv[s] / outEv[s]: the last copy into / out of slot s.
+    device::EventHandle inEv[3] = {nullptr, nullptr, nullptr}, outEv[3] = {nullptr, nullptr, nullptr};
+    auto settle = [&](device::EventHandle& e, const char* what) {
+      if (e == nullptr) return;
+      waitEvent(rt, e, c, Deadline(c.timeout()), what);
+      rt.destroyEvent(e);
+      e = nullptr;
+    };
+    try {
+      copyIn(0);
+      inEv[0] = rt.recordEvent(cs.d2h);
+      for (size_t j = 0; j < chunks; ++j) {
+        const int s = static_cast<int>(j % 3);
+        if (j + 1 < chunks) {
+          const int s1 = static_cast<int>((j + 1) % 3);
+          settle(outEv[s1], "a staged copy to the device");
+          copyIn(j + 1);
+          inEv[s1] = rt.recordEvent(cs.d2h);
+        }
+        settle(inEv[s], "a staged copy from the device");
+        const Chunk k = chunkAt(j);
+        Args h = a;
+        h.device = -1;
+        h.send = slots[s];
+        h.recv = slots[s] + slotIn;
+        if (!a.counts) h.count = k.m;
+        if (j == 0) {
+          run(h, seq);
+        } else {
+          c.runRecorded(seq + static_cast<int64_t>(j), [&](int64_t sub) { run(h, sub); });
+        }
+        copyOut(j);
+        outEv[s] = rt.recordEvent(cs.h2d);
+      }
+      for (auto& e : outEv) settle(e, "a staged copy to the device");
+    } catch (...) {
+      // Copies in flight still target the slots: let them finish before the slots are reused.
+      for (auto* evs : {inEv, outEv})
+        for (int i = 0; i < 3; ++i)
+          if (evs[i] != nullptr) {
+            try {
+              while (!rt.eventDone(evs[i])) std::this_thread::sleep_for(std::chrono::microseconds(50));
+            } catch (...) {
+            }
+            rt.destroyEvent(evs[i]);
+          }
+      throw;
+    }
+  };
+
+  // The token and the queue position are taken together, so tokens complete in token order.
+  RequestPtr done;
+  uint32_t token = 0;
+  {
+    std::lock_guard<std::mutex> lock(st->callMutex());
+    token = st->nextToken();
+    try {
+      done = c.submit(what, body, sig, static_cast<int64_t>(chunks));
+    } catch (...) {
+      st->release(token);
+      rt->destroyEvent(ready);
+      throw;
+    }
+  }
+  // Completed, failed or aborted: the stream goes on.
+  done->onDone([st, token](const Status&) { st->release(token); });
+  rt->waitValue(stream, st->flag(), token);
+  return Work(done);
+}
+
+}  // namespace coll
+}  // namespace loom

@@ -1,0 +1,189 @@
+// DeviceRuntime over the CUDA runtime API (linked statically: libloom needs no CUDA library to
+// load, and finds the driver, libcuda.so.1, at run time). Stream waits use the driver's stream
+// memory operations (cuStreamWaitValue32, reached through cudaGetDriverEntryPointByVersion, so
+// that libloom does not link libcuda) and fall back to a one-thread spin kernel where the device
+// or driver refuses them.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/status.hpp"
+#include "device/runtime.hpp"
+#include "kernels/reduce_cuda.hpp"
+
+namespace loom {
+namespace device {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    LOOM_THROW(ErrorCode::Cuda, -1, strFormat("%s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e)));
+  }
+}
+
+using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  const char* name() const override { return "cuda"; }
+
+  int deviceOf(const void* p) override {
+    if (p == nullptr) return -1;
+    cudaPointerAttributes attr{};
+    cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error state for the next call
+      return -1;
+    }
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? attr.device : -1;
+  }
+  int deviceCount() override {
+    int n = 0;
+    check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    return n;
+  }
+  int currentDevice() override {
+    int d = 0;
+    check(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
+  void setDevice(int device) override { check(cudaSetDevice(device), "cudaSetDevice"); }
+
+  StreamHandle createStream() override {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+  }
+  void destroyStream(StreamHandle s) noexcept override {
+    if (s != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  }
+  bool capturing(StreamHandle s) override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &st), "cudaStreamIsCapturing");
+    return st != cudaStreamCaptureStatusNone;
+  }
+
+  EventHandle recordEvent(StreamHandle s) override {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    cudaError_t r = cudaEventRecord(e, static_cast<cudaStream_t>(s));
+    if (r != cudaSuccess) {
+      (void)cudaEventDestroy(e);
+      check(r, "cudaEventRecord");
+    }
+    return e;
+  }
+  bool eventDone(EventHandle e) override {
+    cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (r == cudaErrorNotReady) return false;
+    check(r, "cudaEventQuery");
+    return true;
+  }
+  void destroyEvent(EventHandle e) noexcept override {
+    if (e != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+
+  void copyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) override {
+    if (bytes == 0) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s)), "cudaMemcpyAsync");
+  }
+  void copy2DAsync(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows,
+                   StreamHandle s) override {
+    if (width == 0 || rows == 0) return;
+    check(cudaMemcpy2DAsync(dst, dstPitch, src, srcPitch, width, rows, cudaMemcpyDefault, static_cast<cudaStream_t>(s)),
+          "cudaMemcpy2DAsync");
+  }
+
+  void* allocDevice(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
+    return p;
+  }
+  void freeDevice(void* p) noexcept override {
+    if (p != nullptr) (void)cudaFree(p);
+  }
+  void synchronize(StreamHandle s) override {
+    check(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize");
+  }
+
+  void* allocPinned(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void freePinned(void* p) noexcept override {
+    if (p != nullptr) (void)cudaFreeHost(p);
+  }
+
+  void waitValue(StreamHandle s, volatile uint32_t* flag, uint32_t value) override {
+    void* dev = nullptr;
+    check(cudaHostGetDevicePointer(&dev, const_cast<uint32_t*>(flag), 0), "cudaHostGetDevicePointer");
+    if (WaitValueFn fn = waitValueFn()) {
+      CUresult r = fn(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dev), value, CU_STREAM_WAIT_VALUE_GEQ);
+      if (r == CUDA_SUCCESS) return;
+      if (r != CUDA_ERROR_NOT_SUPPORTED) {
+        LOOM_THROW(ErrorCode::Cuda, -1, strFormat("cuStreamWaitValue32 failed: CUresult %d", static_cast<int>(r)));
+      }
+      LOOM_INFO("cuStreamWaitValue32 is not supported here: streams wait on a spin kernel instead");
+      useSpin_.store(true);
+    }
+    kernels::cuda::spinWait(static_cast<volatile uint32_t*>(dev), value, s);
+  }
+  std::string waitMechanism() override {
+    return waitValueFn() != nullptr ? "stream memory operations (cuStreamWaitValue32)"
+                                    : "a spin kernel on mapped host memory";
+  }
+
+ private:
+  WaitValueFn waitValueFn() {
+    if (useSpin_.load()) return nullptr;
+    std::call_once(fnOnce_, [this] {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+      if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+          q == cudaDriverEntryPointSuccess) {
+        fn_ = reinterpret_cast<WaitValueFn>(fn);
+      } else {
+        (void)cudaGetLastError();
+        useSpin_.store(true);
+      }
+    });
+    return useSpin_.load() ? nullptr : fn_;
+  }
+  std::once_flag fnOnce_;
+  WaitValueFn fn_ = nullptr;
+  std::atomic<bool> useSpin_{false};
+};
+
+}  // namespace
+
+// The runtime when a device is usable, else nullptr with the reason in `why`. Probed once.
+DeviceRuntime* cudaRuntime(std::string* why) {
+  static std::string reason;
+  static DeviceRuntime* rt = []() -> DeviceRuntime* {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      reason = strFormat("no usable CUDA device or driver: cudaGetDeviceCount says %s (%s)", cudaGetErrorString(e),
+                         cudaGetErrorName(e));
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    if (n == 0) {
+      reason = "no CUDA device: cudaGetDeviceCount found none";
+      return nullptr;
+    }
+    return new CudaRuntime();  // lives as long as the process: CUDA work may run until exit
+  }();
+  if (rt == nullptr && why != nullptr) *why = reason;
+  return rt;
+}
+
+}  // namespace device
+}  // namespace loom

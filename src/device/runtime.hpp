@@ -1,0 +1,82 @@
+// DeviceRuntime: the few things Loom asks of a GPU runtime to run collectives on device buffers,
+// behind one interface so that the collectives' stream and staging logic does not depend on CUDA
+// headers. The CUDA implementation (device/cuda_runtime.cc) is built with the `cuda` feature and
+// is active where a CUDA device is present; tests install an emulated device (a host-memory
+// "GPU" whose streams are threads) to check that logic on machines without one.
+//
+// Handles are opaque: a stream is a cudaStream_t (nullptr: the legacy default stream), an event
+// a cudaEvent_t. Every call throws loom::Error with ErrorCode::Cuda naming the call on failure.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace loom {
+namespace device {
+
+using StreamHandle = void*;
+using EventHandle = void*;
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  /// "cuda", or a test double's name; used in messages.
+  virtual const char* name() const = 0;
+  /// The device whose memory `p` points into, or -1 when `p` is host memory (pageable, pinned or
+  /// mapped host memory all count as host: the CPU can read them directly).
+  virtual int deviceOf(const void* p) = 0;
+  /// Devices visible to this process.
+  virtual int deviceCount() = 0;
+  /// The calling thread's current device.
+  virtual int currentDevice() = 0;
+  /// Makes `device` current on the calling thread.
+  virtual void setDevice(int device) = 0;
+
+  /// A non-blocking stream on the current device.
+  virtual StreamHandle createStream() = 0;
+  virtual void destroyStream(StreamHandle s) noexcept = 0;
+  /// True while `s` is being captured into a CUDA graph.
+  virtual bool capturing(StreamHandle s) = 0;
+
+  /// A new event recorded on `s` (it completes once everything queued on `s` before it has).
+  virtual EventHandle recordEvent(StreamHandle s) = 0;
+  /// True once `e` has completed; throws if the device reported an error.
+  virtual bool eventDone(EventHandle e) = 0;
+  virtual void destroyEvent(EventHandle e) noexcept = 0;
+
+  /// Queues a copy of `bytes` on `s`, between any two of host and device memory.
+  virtual void copyAsync(void* dst, const void* src, size_t bytes, StreamHandle s) = 0;
+  /// Queues a strided copy: `rows` rows of `width` bytes, `srcPitch` and `dstPitch` bytes apart.
+  virtual void copy2DAsync(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows,
+                           StreamHandle s) = 0;
+
+  /// Device memory on the current device (tools and benchmarks; the collectives allocate none).
+  virtual void* allocDevice(size_t bytes) = 0;
+  virtual void freeDevice(void* p) noexcept = 0;
+  /// Waits on this thread until everything queued on `s` has completed; throws on a device error.
+  virtual void synchronize(StreamHandle s) = 0;
+
+  /// Page-locked host memory the device can read and write (mapped), zeroed; freed by freePinned.
+  virtual void* allocPinned(size_t bytes) = 0;
+  virtual void freePinned(void* p) noexcept = 0;
+  /// Holds `s` (work queued on it later does not start) until the 32-bit word at `flag`, in
+  /// allocPinned memory, reaches `value`: until (int32_t)(*flag - value) >= 0, so that a counter
+  /// may wrap around. The host releases it by storing to *flag.
+  virtual void waitValue(StreamHandle s, volatile uint32_t* flag, uint32_t value) = 0;
+  /// How waitValue holds a stream here ("stream memory operations", "spin kernel"), for logs.
+  virtual std::string waitMechanism() = 0;
+};
+
+/// The runtime in use: a test's (setRuntimeForTesting), else CUDA's where Loom is built with CUDA
+/// and a device is present, else nullptr (every buffer is then host memory).
+DeviceRuntime* runtime();
+
+/// Why runtime() is nullptr, in one line ("Loom is built without CUDA", "no CUDA device: ...").
+std::string unavailableReason();
+
+/// Installs `rt` (nullptr: back to the real one) for tests. Not thread-safe against calls in flight.
+void setRuntimeForTesting(DeviceRuntime* rt);
+
+}  // namespace device
+}  // namespace loom

@@ -1,0 +1,85 @@
+// An emulated GPU for tests on machines without one: a DeviceRuntime whose "device memory" is
+// host memory it hands out (and recognises), whose streams are threads running their queued work
+// in order, whose events complete when their stream reaches them, and whose stream waits really
+// hold the stream until the host stores the flag. It checks the stream-ordered staging logic of
+// Loom's device collectives (ordering, overlap, release on failure) exactly as the CUDA runtime
+// would drive it; the CUDA kernels and copies themselves are tested by the gpu suite.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/runtime.hpp"
+
+namespace loomtest {
+
+class FakeDevice final : public loom::device::DeviceRuntime {
+ public:
+  FakeDevice();
+  ~FakeDevice() override;
+
+  // ---- What tests use. ----
+  /// "Device memory" of `bytes` (filled with 0xA5), recognised by deviceOf until freed.
+  void* alloc(size_t bytes);
+  void free(void* p);
+  /// Queues `fn` on stream `s` (a "kernel"): it runs after everything queued before it.
+  void launch(loom::device::StreamHandle s, std::function<void()> fn);
+  /// Waits until every op queued on `s` so far has run.
+  void synchronize(loom::device::StreamHandle s) override;
+  /// Makes `s` report that it is being captured into a graph.
+  void setCapturing(loom::device::StreamHandle s, bool on);
+  /// Stream waits that gave up (held longer than their limit): each is a stream Loom never released.
+  int stuckWaits() const { return stuck_.load(); }
+
+  // ---- DeviceRuntime. ----
+  const char* name() const override { return "fake"; }
+  int deviceOf(const void* p) override;
+  int deviceCount() override { return 1; }
+  int currentDevice() override { return 0; }
+  void setDevice(int) override {}
+  loom::device::StreamHandle createStream() override;
+  void destroyStream(loom::device::StreamHandle s) noexcept override;
+  bool capturing(loom::device::StreamHandle s) override;
+  loom::device::EventHandle recordEvent(loom::device::StreamHandle s) override;
+  bool eventDone(loom::device::EventHandle e) override;
+  void destroyEvent(loom::device::EventHandle e) noexcept override;
+  void copyAsync(void* dst, const void* src, size_t bytes, loom::device::StreamHandle s) override;
+  void copy2DAsync(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows,
+                   loom::device::StreamHandle s) override;
+  void* allocDevice(size_t bytes) override { return alloc(bytes); }
+  void freeDevice(void* p) noexcept override { free(p); }
+  void* allocPinned(size_t bytes) override;
+  void freePinned(void* p) noexcept override;
+  void waitValue(loom::device::StreamHandle s, volatile uint32_t* flag, uint32_t value) override;
+  std::string waitMechanism() override { return "emulated"; }
+
+ private:
+  struct Stream {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> ops;
+    bool busy = false, stop = false, capturing = false;
+    std::thread worker;
+  };
+  Stream& streamOf(loom::device::StreamHandle s);
+  void enqueue(loom::device::StreamHandle s, std::function<void()> fn);
+  static void run(Stream* st);
+
+  std::mutex mu_;
+  std::map<uintptr_t, size_t> allocs_;  // start -> bytes
+  std::map<void*, std::shared_ptr<std::atomic<bool>>> events_;
+  std::unique_ptr<Stream> default_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::atomic<int> stuck_{0};
+};
+
+}  // namespace loomtest

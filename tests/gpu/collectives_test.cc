@@ -1,0 +1,71 @@
+// Every collective on CUDA device buffers, 1 to 4 ranks sharing one GPU (threads of one process),
+// over shared memory and with TCP forced, against the independent reference; and the stream
+// semantics with real CUDA streams.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <vector>
+
+#include "common/collective_check.hpp"
+#include "common/ranks.hpp"
+#include "cuda_buffers.hpp"
+
+namespace {
+
+using loom::DataType;
+using loom::ReduceOp;
+
+using GpuParam = std::tuple<int, const char*>;
+class GpuMatrix : public ::testing::TestWithParam<GpuParam> {};
+
+TEST_P(GpuMatrix, EveryCollectiveOnDeviceBuffers) {
+  LOOM_REQUIRE_GPU();
+  loomtest::TransportSetup links(std::get<1>(GetParam()));
+  loomtest::CudaBuffers buffers;
+  loomtest::runOk(std::get<0>(GetParam()), [&](loom::Communicator& c) {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    loomtest::runMatrix(c, {0, 1, 7, 1021, (1u << 20) + 3}, [&](const std::string& m) { ADD_FAILURE() << m; });
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, GpuMatrix,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "tcp")),
+                         [](const ::testing::TestParamInfo<GpuParam>& i) {
+                           return std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param);
+                         });
+
+// A host function queued before the collective holds the stream until the call has returned;
+// the collective must still read the input written after it, and a copy queued after the call
+// must see the result.
+void CUDART_CB releaseWhenSet(void* p) { static_cast<std::shared_future<void>*>(p)->wait(); }
+
+TEST(GpuStreams, CollectiveIsOrderedOnTheStreamAndDoesNotBlockTheHost) {
+  LOOM_REQUIRE_GPU();
+  constexpr size_t kCount = 1 << 20;
+  loomtest::runOk(2, [&](loom::Communicator& c) {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    cudaStream_t s;
+    LOOM_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    float* d = nullptr;
+    LOOM_CUDA_OK(cudaMalloc(&d, kCount * 4));
+    std::vector<float> host(kCount, static_cast<float>(c.rank() + 1)), out(kCount, 0);
+    std::promise<void> go;
+    std::shared_future<void> gate = go.get_future().share();
+    LOOM_CUDA_OK(cudaLaunchHostFunc(s, releaseWhenSet, &gate));
+    LOOM_CUDA_OK(cudaMemcpyAsync(d, host.data(), kCount * 4, cudaMemcpyHostToDevice, s));
+    loom::Work w = c.iallReduce(d, d, kCount, DataType::Float32, ReduceOp::Sum, s);
+    LOOM_CUDA_OK(cudaMemcpyAsync(out.data(), d, kCount * 4, cudaMemcpyDeviceToHost, s));
+    EXPECT_FALSE(w.test());
+    go.set_value();
+    LOOM_CUDA_OK(cudaStreamSynchronize(s));
+    w.wait();
+    EXPECT_EQ(out.front(), 3.0f);
+    EXPECT_EQ(out.back(), 3.0f);
+    (void)cudaFree(d);
+    (void)cudaStreamDestroy(s);
+  });
+}
+
+}  // namespace

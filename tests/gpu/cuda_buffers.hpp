@@ -1,0 +1,58 @@
+// The gpu suite's helpers: a skip when no CUDA device is usable (one line saying why), and
+// runCase's buffers in CUDA device memory with a stream per rank.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/collective_check.hpp"
+#include "device/runtime.hpp"
+
+namespace loomtest {
+
+#define LOOM_REQUIRE_GPU()                                                                                        \
+  do {                                                                                                            \
+    if (loom::device::runtime() == nullptr) GTEST_SKIP() << "no GPU here: " << loom::device::unavailableReason(); \
+  } while (0)
+
+#define LOOM_CUDA_OK(call)                                                 \
+  do {                                                                     \
+    cudaError_t e_ = (call);                                               \
+    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_); \
+  } while (0)
+
+class CudaBuffers : public DeviceBuffers {
+ public:
+  CudaBuffers() {
+    for (auto& s : streams_) (void)cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    setDeviceBuffers(this);
+  }
+  ~CudaBuffers() override {
+    setDeviceBuffers(nullptr);
+    for (auto& s : streams_) (void)cudaStreamDestroy(s);
+  }
+  void* alloc(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes == 0 ? 1 : bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    return p;
+  }
+  void free(void* p) override { (void)cudaFree(p); }
+  void upload(void* d, const void* h, size_t bytes) override {
+    if (cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("upload failed");
+  }
+  void download(void* h, const void* d, size_t bytes) override {
+    if (cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("download failed");
+  }
+  void* stream(int rank) override { return streams_[rank]; }
+  void synchronize(void* s) override {
+    if (cudaStreamSynchronize(static_cast<cudaStream_t>(s)) != cudaSuccess)
+      throw std::runtime_error("cudaStreamSynchronize failed");
+  }
+
+ private:
+  cudaStream_t streams_[8] = {};
+};
+
+}  // namespace loomtest
