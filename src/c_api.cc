@@ -5,6 +5,7 @@
 // destroyed or bogus handle is an error rather than a crash. Each call holds a reference for its
 // duration, so loomCommAbort from another thread unblocks the call and the memory goes only when
 // the call has returned.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -99,13 +100,14 @@ loomResult_t guard(F&& f) {
   }
 }
 
-// Point-to-point and barrier work on host buffers only (collectives take streams).
+// The barrier synchronises hosts: it takes no stream (collectives and point-to-point do).
 void checkHostStream(loomStream_t stream, const char* what) {
   if (stream != nullptr) {
     LOOM_THROW(ErrorCode::InvalidArgument, -1,
-               loom::strFormat("%s: a stream was given, but %s runs on host buffers only in this version: pass NULL "
-                               "and host buffers",
-                               what, what));
+               loom::strFormat(
+                   "%s: a stream was given, but %s synchronises hosts and takes no stream in this version: pass NULL "
+                   "and host buffers",
+                   what, what));
   }
 }
 
@@ -166,6 +168,7 @@ struct GroupOp {
   size_t count;
   loom::DataType type;
   int peer;
+  loomStream_t stream;
 };
 struct GroupState {
   int depth = 0;
@@ -178,20 +181,19 @@ loomResult_t p2p(bool send, const void* buf, size_t count, loomDataType_t dataty
   return guard([&] {
     auto c = lookup(comm);
     const char* what = send ? "send" : "recv";
-    checkHostStream(stream, what);
     loom::DataType type = toType(datatype);
     loom::LogRankScope scope(c->comm->rank());
     // Validate now, so that a bad argument is reported by the call that made it.
     c->comm->impl()->checkPeer(peer, what);
     c->comm->impl()->checkBuffer(buf, count, type, what);
     if (tlsGroup.depth > 0) {
-      tlsGroup.ops.push_back(GroupOp{c, send, const_cast<void*>(buf), count, type, peer});
+      tlsGroup.ops.push_back(GroupOp{c, send, const_cast<void*>(buf), count, type, peer, stream});
       return;
     }
     if (send)
-      c->comm->send(buf, count, type, peer);
+      c->comm->send(buf, count, type, peer, 0, stream);
     else
-      c->comm->recv(const_cast<void*>(buf), count, type, peer);
+      c->comm->recv(const_cast<void*>(buf), count, type, peer, 0, stream);
   });
 }
 
@@ -372,10 +374,36 @@ loomResult_t loomGroupEnd(void) {
   ops.swap(tlsGroup.ops);
   std::vector<loom::Work> works;
   loomResult_t first = guard([&] {
-    // Receives first, then sends: every receive is posted before any large send needs it.
+    // Device buffers (or a stream): each communicator's ops go as one stream-ordered group, which
+    // returns once queued. All ops of one communicator in a group share one stream.
+    std::vector<loomComm*> deviceComms;
+    for (auto& op : ops) {
+      const bool dev = op.stream != nullptr || (op.count > 0 && loom::Communicator::deviceOf(op.buf) >= 0);
+      if (dev && std::find(deviceComms.begin(), deviceComms.end(), op.comm.get()) == deviceComms.end())
+        deviceComms.push_back(op.comm.get());
+    }
+    for (loomComm* dc : deviceComms) {
+      std::vector<loom::PointToPoint> batch;
+      loomStream_t stream = nullptr;
+      bool first = true;
+      for (auto& op : ops) {
+        if (op.comm.get() != dc) continue;
+        if (!first && op.stream != stream) {
+          LOOM_THROW(ErrorCode::InvalidArgument, dc->comm->rank(),
+                     "loomGroupEnd: sends and receives of one communicator on different streams in one group; use one "
+                     "stream per communicator in a group");
+        }
+        stream = op.stream;
+        first = false;
+        batch.push_back(loom::PointToPoint{op.send, op.buf, op.count, op.type, op.peer, 0});
+      }
+      dc->comm->igroup(batch, stream);
+    }
+    // Host buffers: receives first, then sends, across communicators; waited for below.
     for (int pass = 0; pass < 2; ++pass)
       for (auto& op : ops) {
         if (op.send != (pass == 1)) continue;
+        if (std::find(deviceComms.begin(), deviceComms.end(), op.comm.get()) != deviceComms.end()) continue;
         works.push_back(op.send ? op.comm->comm->isend(op.buf, op.count, op.type, op.peer)
                                 : op.comm->comm->irecv(op.buf, op.count, op.type, op.peer));
       }

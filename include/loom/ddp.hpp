@@ -25,7 +25,8 @@
 // dataset's indices, padded (by repeating indices) or with the tail dropped, reshuffled each
 // epoch from a seed every rank shares.
 //
-// Buffers are host memory. GradSync is driven from one thread (the training loop's).
+// Buffers are host memory, or all device memory (GradSyncOptions::cudaStream). GradSync is driven
+// from one thread (the training loop's).
 #pragma once
 
 #include <chrono>
@@ -69,6 +70,12 @@ struct GradSyncOptions {
   size_t directMinBytes = 1u << 20;
   /// Broadcast every parameter from rank 0 at construction.
   bool broadcastParameters = true;
+  /// Device parameters (CUDA memory, Loom built with CUDA): the stream the backward pass runs on
+  /// (nullptr: the legacy default stream). markReady(i) is called once gradient i's kernel is
+  /// queued on it; the all-reduces and the copies into and out of the buckets are ordered on it,
+  /// and synchronize() returns once they are queued: work queued on the stream after it sees the
+  /// averaged gradients. Buckets are then device memory. Compression is host-only for now.
+  void* cudaStream = nullptr;
 };
 
 /// The buckets for parameters of `bytes[i]` bytes and datatype key `kinds[i]` (registration

@@ -81,8 +81,8 @@ typedef struct loomComm* loomComm_t;
  * it; the host is not blocked (a failure surfaces through loomCommGetAsyncError, and never leaves
  * the stream held). NULL: host buffers, or the legacy default stream for device buffers. A stream
  * being captured into a CUDA graph is rejected (loomInvalidUsage); a mix of host and device
- * buffers in one call is loomInvalidArgument. Send, receive and barrier take host buffers and
- * NULL only, in this version.
+ * buffers in one call is loomInvalidArgument. Send and receive take streams too (within a group,
+ * one stream per communicator); the barrier synchronises hosts and takes NULL only.
  */
 typedef void* loomStream_t;
 
@@ -222,7 +222,10 @@ loomResult_t loomRecv(void* recvbuff, size_t count, loomDataType_t datatype, int
 /** Starts recording loomSend/loomRecv calls on this thread; groups nest. */
 loomResult_t loomGroupStart(void);
 
-/** Posts every call recorded since the outermost loomGroupStart and waits for all of them. */
+/**
+ * Posts every call recorded since the outermost loomGroupStart, receives first: host ones are waited
+ * for; those on device buffers are queued on their stream as one group and not waited for.
+ */
 loomResult_t loomGroupEnd(void);
 
 #ifdef __cplusplus

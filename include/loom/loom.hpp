@@ -194,6 +194,16 @@ class Request;
 class CommImpl;
 }  // namespace detail
 
+/// One send or receive of Communicator::igroup.
+struct PointToPoint {
+  bool send = true;  ///< true: send `count` elements of `buf` to `peer`; false: receive into `buf`
+  void* buf = nullptr;
+  size_t count = 0;
+  DataType type = DataType::Float32;
+  int peer = 0;
+  uint32_t tag = 0;  ///< below 2^31
+};
+
 /// Handle to an operation in flight. Copyable; all copies refer to the same operation.
 class Work {
  public:
@@ -261,14 +271,25 @@ class Communicator {
   const std::string& name() const;
 
   // ---- Point-to-point. Ordered per pair and tag; `tag` must be below 2^31. ----
+  //
+  // Device buffers (see the collectives below) take a `cudaStream` and are ordered on it like the
+  // collectives, and with them: a device send or receive waits for the communicator's collectives
+  // called before it. Host and device messages between one pair should not share a tag.
 
   /// Starts sending `count` elements to `peer`.
-  Work isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0);
+  Work isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);
   /// Starts receiving up to `count` elements from `peer`. A larger message fails the Work (and
   /// the matching send) with InvalidUsage; a smaller one is accepted, Work::bytes() tells.
-  Work irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag = 0);
-  void send(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0);
-  void recv(void* buf, size_t count, DataType type, int peer, uint32_t tag = 0);
+  Work irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);
+  /// Blocking forms (on device buffers they return once the operation is queued on the stream).
+  void send(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);
+  void recv(void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);
+  /// Posts the sends and receives of `ops` together, receives first, and returns a Work that
+  /// completes when every one has (failing with the first error): an exchange that deadlocks as
+  /// separate blocking calls (each rank sending to the next, then receiving from the previous)
+  /// does not here. One call's buffers are all host memory or all device memory; device buffers
+  /// are ordered on `cudaStream`. Work::bytes() is the total received (host buffers).
+  Work igroup(const std::vector<PointToPoint>& ops, void* cudaStream = nullptr);
 
   template <typename T>
   void send(const std::vector<T>& v, int peer, uint32_t tag = 0) {

@@ -69,8 +69,8 @@ class DeviceState {
     std::lock_guard<std::mutex> lock(relMu_);
     if (static_cast<int32_t>(token - released_) <= 0) return;
     released_ = token;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    *flag_ = token;
+    // A sequentially consistent store: everything before it (the copies back) is visible first.
+    __atomic_store_n(const_cast<uint32_t*>(flag_), token, __ATOMIC_SEQ_CST);
   }
   void releaseAll() {
     std::lock_guard<std::mutex> lock(callMu_);
@@ -138,6 +138,19 @@ void waitEvent(device::DeviceRuntime& rt, device::EventHandle e, const detail::C
   }
 }
 
+// The start of every queued device operation: its device made current, then the wait for the
+// work queued on the caller's stream before the call (`ready`, destroyed here whatever happens).
+void awaitInput(device::DeviceRuntime& rt, device::EventHandle ready, int dev, const detail::CommImpl& c,
+                const std::string& what) {
+  struct EventGuard {
+    device::DeviceRuntime& rt;
+    device::EventHandle e;
+    ~EventGuard() { rt.destroyEvent(e); }
+  } guard{rt, ready};
+  rt.setDevice(dev);
+  waitEvent(rt, ready, c, Deadline(c.timeout()), what.c_str());
+}
+
 // Elements of the host-side staging per element of a chunk: input and output blocks together.
 size_t stagingFactor(Coll kind, int size) {
   const auto n = static_cast<size_t>(size);
@@ -164,6 +177,29 @@ bool copiesOut(Coll kind, const Args& a, int rank) {
 struct Chunk {
   size_t off = 0, m = 0;
 };
+
+// Queues work ordered on `stream` (`submit` queues it and returns its completion; `ready` is its
+// input event) and holds the stream until it completes, fails or is aborted. The token and the
+// queue position are taken together, so that tokens complete in token order.
+Work holdStream(device::DeviceRuntime& rt, const std::shared_ptr<DeviceState>& st, void* stream,
+                device::EventHandle ready, const std::function<RequestPtr()>& submit) {
+  RequestPtr done;
+  uint32_t token = 0;
+  {
+    std::lock_guard<std::mutex> lock(st->callMutex());
+    token = st->nextToken();
+    try {
+      done = submit();
+    } catch (...) {
+      st->release(token);
+      rt.destroyEvent(ready);
+      throw;
+    }
+  }
+  done->onDone([st, token](const Status&) { st->release(token); });
+  rt.waitValue(stream, st->flag(), token);
+  return Work(done);
+}
 
 }  // namespace
 
@@ -229,20 +265,13 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
   const size_t chunks = a.counts ? 1 : plan.chunks;
 
   device::EventHandle ready = rt->recordEvent(stream);
-  auto body = [&c, st, kind, a, sig, run, ready, plan, chunks](int64_t seq) {
+  auto body = [&c, st, kind, a, run, ready, plan, chunks](int64_t seq) {
     device::DeviceRuntime& rt = st->rt();
-    struct EventGuard {
-      device::DeviceRuntime& rt;
-      device::EventHandle e;
-      ~EventGuard() { rt.destroyEvent(e); }
-    } readyGuard{rt, ready};
-    rt.setDevice(a.device);
+    awaitInput(rt, ready, a.device, c,
+               strFormat("the work queued on the stream before %s #%lld", collName(kind), static_cast<long long>(seq)));
     const int rank = c.rank(), n = c.size();
     const auto N = static_cast<size_t>(n);
     const size_t E = a.elem;
-    waitEvent(rt, ready, c, Deadline(c.timeout()),
-              strFormat("the work queued on the stream before %s #%lld", collName(kind), static_cast<long long>(seq))
-                  .c_str());
     DeviceState::Streams& cs = st->streams(a.device);
 
     // Host bytes of a chunk of m elements: input block, output block.
@@ -354,24 +383,66 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
     }
   };
 
-  // The token and the queue position are taken together, so tokens complete in token order.
-  RequestPtr done;
-  uint32_t token = 0;
-  {
-    std::lock_guard<std::mutex> lock(st->callMutex());
-    token = st->nextToken();
-    try {
-      done = c.submit(what, body, sig, static_cast<int64_t>(chunks));
-    } catch (...) {
-      st->release(token);
-      rt->destroyEvent(ready);
-      throw;
-    }
+  return holdStream(*rt, st, stream, ready, [&] { return c.submit(what, body, sig, static_cast<int64_t>(chunks)); });
+}
+
+Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPoint>& ops, int dev, void* stream) {
+  device::DeviceRuntime* rt = device::runtime();
+  if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device send/recv without a device runtime");
+  if (rt->capturing(stream)) {
+    LOOM_THROW(ErrorCode::InvalidUsage, c.rank(),
+               "send/recv: the stream is being captured into a CUDA graph; Loom's operations are driven by the host "
+               "and cannot be captured: run them outside the capture");
   }
-  // Completed, failed or aborted: the stream goes on.
-  done->onDone([st, token](const Status&) { st->release(token); });
-  rt->waitValue(stream, st->flag(), token);
-  return Work(done);
+  std::shared_ptr<DeviceState> st = stateOf(c, *rt);
+  device::EventHandle ready = rt->recordEvent(stream);
+  std::string what = ops.size() == 1
+                         ? strFormat("device %s rank %d", ops[0].send ? "send to" : "recv from", ops[0].peer)
+                         : strFormat("device group of %zu sends and receives", ops.size());
+  auto body = [&c, st, ops, dev, ready]() {
+    device::DeviceRuntime& rt = st->rt();
+    awaitInput(rt, ready, dev, c, "the work queued on the stream before a device send/recv");
+    DeviceState::Streams& cs = st->streams(dev);
+    // Each op's bytes in one pinned slot, 64-byte aligned.
+    std::vector<size_t> at(ops.size());
+    size_t total = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      at[i] = total;
+      total += (ops[i].count * sizeOf(ops[i].type) + 63) / 64 * 64;
+    }
+    uint8_t* h = st->slot(0, total + 64);
+    auto settle = [&](device::StreamHandle s, const char* what) {
+      device::EventHandle e = rt.recordEvent(s);
+      struct Guard {
+        device::DeviceRuntime& rt;
+        device::EventHandle e;
+        ~Guard() {
+          try {
+            while (!rt.eventDone(e)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+          } catch (...) {
+          }
+          rt.destroyEvent(e);
+        }
+      } g{rt, e};
+      waitEvent(rt, e, c, Deadline(c.timeout()), what);
+    };
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i].send) rt.copyAsync(h + at[i], ops[i].buf, ops[i].count * sizeOf(ops[i].type), cs.d2h);
+    settle(cs.d2h, "a staged copy from the device");
+    std::vector<RequestPtr> reqs(ops.size());
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const PointToPoint& op = ops[i];
+        if (op.send != (pass == 1)) continue;
+        reqs[i] = op.send ? c.isend(h + at[i], op.count, op.type, op.peer, op.tag)
+                          : c.irecv(h + at[i], op.count, op.type, op.peer, op.tag);
+      }
+    for (auto& r : reqs) r->wait();
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (!ops[i].send) rt.copyAsync(ops[i].buf, h + at[i], reqs[i]->bytes(), cs.h2d);
+    settle(cs.h2d, "a staged copy to the device");
+  };
+  return holdStream(*rt, st, stream, ready, [&] { return c.submitUnnumbered(what, body); });
 }
 
 }  // namespace coll

@@ -55,5 +55,10 @@ int locateBuffers(const detail::CommImpl& c, const std::vector<const void*>& buf
 using HostRun = std::function<void(const Args& hostArgs, int64_t seq)>;
 Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig, const HostRun& run);
 
+/// Queues the sends and receives `ops` on device buffers (all on device `dev`) ordered on
+/// `stream`, behind the communicator's earlier collectives: staged through pinned host memory
+/// (sends copied out first, receives copied back after), posted together, receives first.
+Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPoint>& ops, int dev, void* stream);
+
 }  // namespace coll
 }  // namespace loom

@@ -411,6 +411,17 @@ RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)
   return done;
 }
 
+RequestPtr CommImpl::submitUnnumbered(const std::string& what, std::function<void()> body) {
+  checkOk();
+  auto done = std::make_shared<Request>(rank_, -1, what, timeout_, failure_);
+  done->setQueue(progress_);
+  queue_->submit(done, [this, body = std::move(body)] {
+    AttendScope attend(progress_);
+    body();
+  });
+  return done;
+}
+
 std::shared_ptr<void> CommImpl::deviceState(const std::function<std::shared_ptr<void>()>& make) {
   std::lock_guard<std::mutex> lock(deviceMu_);
   if (!deviceState_) deviceState_ = make();

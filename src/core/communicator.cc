@@ -190,36 +190,6 @@ void Communicator::abort() {
   if (impl_) impl_->abort();
 }
 
-Work Communicator::isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag) {
-  return Work(live(impl_).isend(buf, count, type, peer, tag));
-}
-Work Communicator::irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
-  return Work(live(impl_).irecv(buf, count, type, peer, tag));
-}
-namespace {
-void checkNotSelf(const detail::CommImpl& c, int peer, const char* what) {
-  if (peer == c.rank()) {
-    LOOM_THROW(
-        ErrorCode::InvalidUsage, c.rank(),
-        strFormat("a blocking %s to this rank itself can never complete: use isend/irecv (or a group in C)", what));
-  }
-}
-}  // namespace
-
-// A blocking send or receive is attended: this thread waits on it at once and drives it.
-void Communicator::send(const void* buf, size_t count, DataType type, int peer, uint32_t tag) {
-  auto& c = live(impl_);
-  checkNotSelf(c, peer, "send");
-  detail::AttendScope attend(c.progressHook());
-  isend(buf, count, type, peer, tag).wait();
-}
-void Communicator::recv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
-  auto& c = live(impl_);
-  checkNotSelf(c, peer, "recv");
-  detail::AttendScope attend(c.progressHook());
-  irecv(buf, count, type, peer, tag).wait();
-}
-
 Work Communicator::ibarrier() {
   auto& c = live(impl_);
   const uint64_t sig = makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0);

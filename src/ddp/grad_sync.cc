@@ -5,6 +5,7 @@
 
 #include "core/format.hpp"
 #include "core/status.hpp"
+#include "device/runtime.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/ddp.hpp"
 
@@ -22,7 +23,8 @@ struct GradSync::Impl {
     std::vector<size_t> direct;  // those all-reduced in place, in their own buffers (no copy)
     DataType type = DataType::Float32;
     size_t count = 0;            // elements in `flat`
-    std::vector<uint8_t> flat;   // the packed gradients, end to end
+    std::vector<uint8_t> flat;   // the packed gradients, end to end (host gradients)
+    uint8_t* mem = nullptr;      // where they are: flat's data, or device memory (device gradients)
     std::vector<uint16_t> wire;  // compressed copy sent instead (Compression)
     size_t pending = 0;          // gradients not yet ready this step
     size_t directStarted = 0;    // `direct` gradients whose all-reduce has started this step
@@ -40,8 +42,28 @@ struct GradSync::Impl {
   size_t nextToStart = 0;   // buckets start in order
   size_t started = 0;
   int noSyncDepth = 0;
+  // Device gradients: the runtime, and the stream the backward pass and the collectives run on.
+  device::DeviceRuntime* rt = nullptr;
+  void* stream = nullptr;
 
-  Impl(Communicator& c, std::vector<Parameter> p, GradSyncOptions o) : comm(c), options(o), params(std::move(p)) {}
+  Impl(Communicator& c, std::vector<Parameter> p, GradSyncOptions o)
+      : comm(c), options(o), params(std::move(p)), stream(o.cudaStream) {}
+  ~Impl() {
+    if (rt == nullptr) return;
+    try {
+      rt->synchronize(stream);  // copies into and out of the buckets may still be queued
+    } catch (...) {
+    }
+    for (auto& b : buckets) rt->freeDevice(b.mem);
+  }
+  // A copy between a gradient and its bucket: on the stream for device gradients.
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (rt != nullptr) {
+      rt->copyAsync(dst, src, bytes, stream);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+  }
 
   std::string nameOf(size_t i) const {
     return params[i].name.empty() ? strFormat("parameter %zu", i)
@@ -50,7 +72,7 @@ struct GradSync::Impl {
   bool compressed(const Bucket& b) const {
     return options.compression != Compression::None && b.type == DataType::Float32;
   }
-  void* inBucket(size_t i) { return buckets[slots[i].bucket].flat.data() + slots[i].offset * sizeOf(params[i].type); }
+  void* inBucket(size_t i) { return buckets[slots[i].bucket].mem + slots[i].offset * sizeOf(params[i].type); }
 
   void validate();
   void checkSameAcrossRanks();
@@ -105,6 +127,35 @@ void GradSync::Impl::validate() {
   }
   if (options.bucketCapBytes == 0 || options.firstBucketCapBytes == 0) {
     LOOM_THROW(ErrorCode::InvalidArgument, comm.rank(), "GradSync: bucket caps must be positive");
+  }
+  // Host or device: every buffer alike.
+  int where = -2;
+  for (size_t i = 0; i < params.size(); ++i)
+    for (const void* p : {params[i].data, params[i].grad}) {
+      if (p == nullptr || params[i].count == 0) continue;
+      const int d = Communicator::deviceOf(p);
+      if (where != -2 && (d >= 0) != (where >= 0)) {
+        LOOM_THROW(ErrorCode::InvalidArgument, comm.rank(),
+                   strFormat("GradSync: %s is in %s memory but earlier parameters are in %s memory: register all "
+                             "parameters on the device or all on the host",
+                             nameOf(i).c_str(), d >= 0 ? "device" : "host", where >= 0 ? "device" : "host"));
+      }
+      where = d;
+    }
+  if (where >= 0 || options.cudaStream != nullptr) {
+    rt = device::runtime();
+    if (rt == nullptr) {
+      LOOM_THROW(ErrorCode::InvalidArgument, comm.rank(),
+                 "GradSync: a CUDA stream was given, but " + device::unavailableReason());
+    }
+    if (where == -1) {
+      LOOM_THROW(ErrorCode::InvalidArgument, comm.rank(),
+                 "GradSync: a CUDA stream was given with host parameters: pass no stream for host parameters");
+    }
+    if (options.compression != Compression::None) {
+      LOOM_THROW(ErrorCode::InvalidArgument, comm.rank(),
+                 "GradSync: compression of device gradients is not supported yet: use Compression::None");
+    }
   }
 }
 
@@ -203,7 +254,12 @@ void GradSync::Impl::build() {
       slots[i].offset = k.count;
       k.count += params[i].count;
     }
-    k.flat.assign(k.count * sizeOf(k.type), 0);
+    if (rt != nullptr) {
+      k.mem = static_cast<uint8_t*>(rt->allocDevice(k.count * sizeOf(k.type)));
+    } else {
+      k.flat.assign(k.count * sizeOf(k.type), 0);
+      k.mem = k.flat.data();
+    }
     if (compressed(k)) k.wire.resize(k.count);
   }
   ready.assign(params.size(), false);
@@ -225,7 +281,7 @@ void GradSync::Impl::advance() {
 
 void GradSync::Impl::startDirect(Bucket& b, size_t i) {
   const Parameter& p = params[i];
-  if (p.count > 0) b.works.push_back(comm.iallReduce(p.grad, p.grad, p.count, p.type, ReduceOp::Avg));
+  if (p.count > 0) b.works.push_back(comm.iallReduce(p.grad, p.grad, p.count, p.type, ReduceOp::Avg, stream));
 }
 
 void GradSync::Impl::startPacked(Bucket& b) {
@@ -235,29 +291,31 @@ void GradSync::Impl::startPacked(Bucket& b) {
   if (b.count > 0) {
     if (!options.gradientAsBucketView) {
       for (size_t i : b.packed) {
-        if (params[i].count > 0) std::memcpy(inBucket(i), params[i].grad, params[i].count * elem);
+        if (params[i].count > 0) copy(inBucket(i), params[i].grad, params[i].count * elem);
       }
     }
     if (compressed(b)) {
       // Divided by the world size first, so that the half-precision sum does not overflow.
       const float scale = 1.0f / static_cast<float>(comm.size());
-      const float* g = reinterpret_cast<const float*>(b.flat.data());
+      const float* g = reinterpret_cast<const float*>(b.mem);
       const bool bf16 = options.compression == Compression::Bfloat16;
       for (size_t e = 0; e < b.count; ++e)
         b.wire[e] = bf16 ? kernels::floatToBf16(g[e] * scale) : kernels::floatToFp16(g[e] * scale);
       b.works.push_back(comm.iallReduce(b.wire.data(), b.wire.data(), b.count,
                                         bf16 ? DataType::Bfloat16 : DataType::Float16, ReduceOp::Sum));
     } else {
-      b.works.push_back(comm.iallReduce(b.flat.data(), b.flat.data(), b.count, b.type, ReduceOp::Avg));
+      b.works.push_back(comm.iallReduce(b.mem, b.mem, b.count, b.type, ReduceOp::Avg, stream));
     }
   }
 }
 
 void GradSync::Impl::finish(Bucket& b) {
-  waitAll(b.works);
+  // Device gradients: the copies back are ordered on the stream after the all-reduce; the host
+  // does not wait (a failure fails the communicator, and its next call reports it).
+  if (rt == nullptr) waitAll(b.works);
   if (b.count == 0) return;
   if (compressed(b)) {
-    float* g = reinterpret_cast<float*>(b.flat.data());
+    float* g = reinterpret_cast<float*>(b.mem);
     const bool bf16 = options.compression == Compression::Bfloat16;
     for (size_t e = 0; e < b.count; ++e)
       g[e] = bf16 ? kernels::bf16ToFloat(b.wire[e]) : kernels::fp16ToFloat(b.wire[e]);
@@ -265,7 +323,7 @@ void GradSync::Impl::finish(Bucket& b) {
   if (!options.gradientAsBucketView) {
     const size_t elem = sizeOf(b.type);
     for (size_t i : b.packed) {
-      if (params[i].count > 0) std::memcpy(params[i].grad, inBucket(i), params[i].count * elem);
+      if (params[i].count > 0) copy(params[i].grad, inBucket(i), params[i].count * elem);
     }
   }
 }
@@ -279,7 +337,7 @@ GradSync::GradSync(Communicator& comm, std::vector<Parameter> params, GradSyncOp
   if (options.broadcastParameters && comm.size() > 1) {
     std::vector<Work> works;
     for (const Parameter& p : s.params) {
-      if (p.count > 0) works.push_back(comm.ibroadcast(p.data, p.data, p.count, p.type, 0));
+      if (p.count > 0) works.push_back(comm.ibroadcast(p.data, p.data, p.count, p.type, 0, s.stream));
     }
     waitAll(works);
   }

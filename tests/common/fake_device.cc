@@ -153,7 +153,7 @@ void FakeDevice::freePinned(void* p) noexcept { std::free(p); }
 void FakeDevice::waitValue(loom::device::StreamHandle s, volatile uint32_t* flag, uint32_t value) {
   enqueue(s, [this, flag, value] {
     const auto limit = std::chrono::steady_clock::now() + kWaitLimit;
-    while (static_cast<int32_t>(*flag - value) < 0) {
+    while (static_cast<int32_t>(__atomic_load_n(const_cast<uint32_t*>(flag), __ATOMIC_ACQUIRE) - value) < 0) {
       if (std::chrono::steady_clock::now() > limit) {
         stuck_.fetch_add(1);
         return;

@@ -14,6 +14,7 @@
 #include "common/fake_device.hpp"
 #include "common/ranks.hpp"
 #include "device/runtime.hpp"
+#include "loom/ddp.hpp"
 #include "loom/loom.h"
 
 namespace {
@@ -256,8 +257,8 @@ TEST(DeviceStaged, ADepartedPeerFailsTheCollectiveAndReleasesTheStream) {
   EXPECT_EQ(device.dev.stuckWaits(), 0);
 }
 
-// The C API: a collective on device buffers with a stream returns at once and is ordered on it;
-// loomCommGetAsyncError stays clean; point-to-point with a stream is refused with a clear message.
+// The C API: a collective and a grouped exchange on device buffers with a stream return at once
+// and are ordered on it; loomCommGetAsyncError stays clean; a barrier with a stream is refused.
 TEST(DeviceStaged, CApiOrdersCollectivesOnTheStream) {
   FakeDeviceScope device;
   loomUniqueId id;
@@ -276,13 +277,152 @@ TEST(DeviceStaged, CApiOrdersCollectivesOnTheStream) {
       loomResult_t async = loomInternalError;
       EXPECT_EQ(loomCommGetAsyncError(comm, &async), loomSuccess);
       EXPECT_EQ(async, loomSuccess);
-      EXPECT_EQ(loomSend(d, 10, loomFloat64, 1 - r, comm, s), loomInvalidArgument);
-      EXPECT_NE(std::string(loomGetLastError(comm)).find("host buffers only"), std::string::npos)
+      // A grouped exchange on device buffers: returns once queued, ordered on the stream.
+      auto* in = static_cast<double*>(device.alloc(8 * 10));
+      for (int i = 0; i < 10; ++i) d[i] = 10.0 * r + i;
+      EXPECT_EQ(loomGroupStart(), loomSuccess);
+      EXPECT_EQ(loomSend(d, 10, loomFloat64, 1 - r, comm, s), loomSuccess) << loomGetLastError(comm);
+      EXPECT_EQ(loomRecv(in, 10, loomFloat64, 1 - r, comm, s), loomSuccess) << loomGetLastError(comm);
+      EXPECT_EQ(loomGroupEnd(), loomSuccess) << loomGetLastError(comm);
+      device.dev.synchronize(s);
+      EXPECT_EQ(in[3], 10.0 * (1 - r) + 3);
+      EXPECT_EQ(loomBarrier(comm, s), loomInvalidArgument);
+      EXPECT_NE(std::string(loomGetLastError(comm)).find("takes no stream"), std::string::npos)
           << loomGetLastError(comm);
+      device.free(in);
       EXPECT_EQ(loomCommDestroy(comm), loomSuccess);
       device.free(d);
     });
   for (auto& t : threads) t.join();
+}
+
+// ---- Point-to-point on device buffers. ----
+
+// A ring shift of large device messages as one group (it would deadlock as blocking calls), then
+// single sends and receives, all ordered on the stream and staged through pinned memory.
+TEST(DeviceStaged, SendAndReceiveOnTheStream) {
+  FakeDeviceScope device;
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    const int r = c.rank(), n = c.size();
+    void* s = device.stream(r);
+    const size_t count = (1u << 20) + 7;
+    auto* out = static_cast<int32_t*>(device.alloc(count * 4));
+    auto* in = static_cast<int32_t*>(device.alloc(count * 4));
+    for (size_t i = 0; i < count; ++i) out[i] = r * 1000 + static_cast<int32_t>(i % 977);
+    loom::Work w = c.igroup(
+        {{true, out, count, DataType::Int32, (r + 1) % n, 5}, {false, in, count, DataType::Int32, (r + n - 1) % n, 5}},
+        s);
+    w.wait();
+    device.dev.synchronize(s);
+    const int from = (r + n - 1) % n;
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(in[i], from * 1000 + static_cast<int32_t>(i % 977)) << "element " << i << " on rank " << r;
+    // Rank 0 sends rank 1 a short message on the stream; rank 1 receives it on its stream.
+    if (r == 0) c.send(out, 100, DataType::Int32, 1, 9, s);
+    if (r == 1) {
+      c.recv(in, 100, DataType::Int32, 0, 9, s);
+      device.dev.synchronize(s);
+      EXPECT_EQ(in[99], 99);
+    }
+    device.dev.synchronize(s);
+    device.free(out);
+    device.free(in);
+  });
+  EXPECT_EQ(device.dev.stuckWaits(), 0);
+}
+
+// ---- The data-parallel layer on device gradients. ----
+
+// Parameters and gradients in device memory, the backward pass's stream given: after
+// synchronize() (and the stream), every gradient is the average over the ranks, exactly (small
+// integers in float32); the parameters start as rank 0's. Packed into device buckets, all in
+// place, and as bucket views.
+TEST(DeviceStaged, GradSyncAveragesDeviceGradientsOnTheStream) {
+  FakeDeviceScope device;
+  const std::vector<size_t> sizes = {5, 1000, 300001};
+  for (const char* how : {"packed", "direct", "view"}) {
+    const std::string mode = how;
+    loomtest::runOk(3, [&](loom::Communicator& c) {
+      const int r = c.rank();
+      void* s = device.stream(r);
+      std::vector<float*> data, grad;
+      std::vector<loom::ddp::Parameter> params;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        data.push_back(static_cast<float*>(device.alloc(sizes[k] * 4)));
+        grad.push_back(static_cast<float*>(device.alloc(sizes[k] * 4)));
+        for (size_t i = 0; i < sizes[k]; ++i) data[k][i] = static_cast<float>(r * 10 + k);
+        params.push_back({data[k], grad[k], sizes[k], DataType::Float32, "p" + std::to_string(k)});
+      }
+      loom::ddp::GradSyncOptions o;
+      o.cudaStream = s;
+      o.firstBucketCapBytes = 64;
+      o.bucketCapBytes = 4096;
+      o.directMinBytes = mode == "direct" ? 1 : (64u << 20);
+      o.gradientAsBucketView = mode == "view";
+      loom::ddp::GradSync sync(c, params, o);
+      device.dev.synchronize(s);
+      for (size_t k = 0; k < sizes.size(); ++k) ASSERT_EQ(data[k][sizes[k] - 1], static_cast<float>(k)) << mode;
+      for (int step = 0; step < 3; ++step) {
+        for (size_t k = sizes.size(); k-- > 0;) {
+          auto* g = static_cast<float*>(sync.gradient(k));
+          // The "backward kernel" of layer k, queued on the stream, then marked ready.
+          device.dev.launch(s, [g, n = sizes[k], r, step] {
+            for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((r + 1) * static_cast<int>(i % 7) + step);
+          });
+          sync.markReady(k);
+        }
+        sync.synchronize();
+        device.dev.synchronize(s);
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          auto* g = static_cast<float*>(sync.gradient(k));
+          for (size_t i = 0; i < sizes[k]; ++i)
+            ASSERT_EQ(g[i], static_cast<float>(2 * static_cast<int>(i % 7) + step))
+                << mode << " step " << step << " parameter " << k << " element " << i << " rank " << r;
+        }
+      }
+      for (size_t k = 0; k < sizes.size(); ++k) device.free(data[k]), device.free(grad[k]);
+    });
+  }
+  EXPECT_EQ(device.dev.stuckWaits(), 0);
+}
+
+TEST(DeviceStaged, GradSyncRefusesMixedParametersAndDeviceCompression) {
+  FakeDeviceScope device;
+  loomtest::runOk(1, [&](loom::Communicator& c) {
+    auto* d = static_cast<float*>(device.alloc(64));
+    std::vector<float> h(16), hg(16);
+    auto* dg = static_cast<float*>(device.alloc(64));
+    loom::ddp::GradSyncOptions o;
+    o.cudaStream = device.stream(0);
+    EXPECT_EQ(loomtest::errorCodeOf([&] {
+                loom::ddp::GradSync sync(
+                    c, {{d, dg, 16, DataType::Float32, "a"}, {h.data(), hg.data(), 16, DataType::Float32, "b"}}, o);
+              }),
+              loom::ErrorCode::InvalidArgument);
+    o.compression = loom::ddp::Compression::Float16;
+    EXPECT_EQ(loomtest::errorCodeOf([&] {
+                loom::ddp::GradSync sync(c, {{d, dg, 16, DataType::Float32, "a"}}, o);
+              }),
+              loom::ErrorCode::InvalidArgument);
+    device.free(d);
+    device.free(dg);
+  });
+}
+
+// igroup on host buffers: the same exchange, its Work completing when all parts have.
+TEST(DeviceStaged, HostGroupOfSendsAndReceives) {
+  loomtest::runOk(4, [&](loom::Communicator& c) {
+    const int r = c.rank(), n = c.size();
+    std::vector<float> out(300001, static_cast<float>(r)), a(300001), b(300001);
+    loom::Work w = c.igroup({{true, out.data(), out.size(), DataType::Float32, (r + 1) % n, 0},
+                             {true, out.data(), out.size(), DataType::Float32, (r + n - 1) % n, 0},
+                             {false, a.data(), a.size(), DataType::Float32, (r + n - 1) % n, 0},
+                             {false, b.data(), b.size(), DataType::Float32, (r + 1) % n, 0}});
+    w.wait();
+    EXPECT_EQ(w.bytes(), 2 * a.size() * 4);
+    EXPECT_EQ(a.back(), static_cast<float>((r + n - 1) % n));
+    EXPECT_EQ(b.front(), static_cast<float>((r + 1) % n));
+  });
 }
 
 }  // namespace
