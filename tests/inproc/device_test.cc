@@ -162,6 +162,42 @@ TEST(DeviceStaged, InterleavedWithHostCollectivesInCallOrder) {
   });
 }
 
+// All-to-all with a count per peer on device buffers: uneven blocks at displacements with gaps,
+// which the copy back must leave untouched.
+TEST(DeviceStaged, AllToAllvWithUnevenBlocks) {
+  FakeDeviceScope device;
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    const int r = c.rank(), n = c.size();
+    void* s = device.stream(r);
+    // Rank r sends (r + 1) * (j + 1) elements to rank j.
+    std::vector<size_t> sc(3), sd(3), rc(3), rd(3);
+    size_t so = 0, ro = 0;
+    for (int j = 0; j < n; ++j) {
+      sc[j] = static_cast<size_t>((r + 1) * (j + 1));
+      sd[j] = so;
+      so += sc[j] + 2;  // gaps between blocks
+      rc[j] = static_cast<size_t>((j + 1) * (r + 1));
+      rd[j] = ro;
+      ro += rc[j] + 3;
+    }
+    auto* in = static_cast<int32_t*>(device.alloc(so * 4));
+    auto* out = static_cast<int32_t*>(device.alloc(ro * 4));
+    for (int j = 0; j < n; ++j)
+      for (size_t i = 0; i < sc[j]; ++i) in[sd[j] + i] = 1000 * r + 100 * j + static_cast<int32_t>(i);
+    for (size_t i = 0; i < ro; ++i) out[i] = -7;
+    c.allToAllv(in, sc, sd, out, rc, rd, DataType::Int32, s);
+    device.dev.synchronize(s);
+    for (int j = 0; j < n; ++j) {
+      for (size_t i = 0; i < rc[j]; ++i)
+        ASSERT_EQ(out[rd[j] + i], 1000 * j + 100 * r + static_cast<int32_t>(i))
+            << "from rank " << j << " element " << i;
+      for (size_t g = rd[j] + rc[j]; g < rd[j] + rc[j] + 3; ++g) ASSERT_EQ(out[g], -7) << "gap at " << g;
+    }
+    device.free(in);
+    device.free(out);
+  });
+}
+
 // ---- Bad input. ----
 
 TEST(DeviceStaged, MixedBuffersStreamsWithHostMemoryAndGraphCaptureAreRejected) {
