@@ -87,7 +87,9 @@ void printInfo() {
               LOOM_HAVE_IBVERBS ? "library found" : "no", LOOM_HAVE_HWLOC ? "library found" : "no");
   if (loom::device::DeviceRuntime* rt = loom::device::runtime()) {
     std::printf(
-        "Device buffers: %d CUDA device(s); collectives staged through pinned host memory, streams held by %s\n",
+        "Device buffers: %d CUDA device(s); collectives among the ranks of one node through CUDA IPC (transport "
+        "cuda_ipc; several ranks may share a GPU), across nodes staged through pinned host memory; streams held by "
+        "%s\n",
         rt->deviceCount(), rt->waitMechanism().c_str());
   } else {
     std::printf("Device buffers: unavailable (%s)\n", loom::device::unavailableReason().c_str());

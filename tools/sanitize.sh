@@ -17,7 +17,8 @@ if [ ! -f "$dir/build.ninja" ]; then
   meson setup "$dir" "$ROOT" -Db_sanitize="$flags" -Db_lundef=false -Dwerror=true -Dcuda=disabled >/dev/null
 fi
 ninja -C "$dir" tests/loom_unit_tests tests/loom_inproc_tests tests/multiproc/loom_multiproc_tests \
-  tests/multiproc/loom_mp_worker tools/loomrun tools/loom-info examples/recover_after_failure >/dev/null
+  tests/multiproc/loom_mp_worker tests/multiproc/loom_device_worker tools/loomrun tools/loom-info \
+  examples/recover_after_failure >/dev/null
 
 export LOOM_TEST_DATA="$ROOT/tests/unit/data"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
@@ -26,18 +27,19 @@ export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitizers/lsan.supp"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/sanitizers/tsan.supp"
 export LOOM_SOAK_OPS=300
 export LOOMRUN="$dir/tools/loomrun" LOOM_INFO="$dir/tools/loom-info" LOOM_TEST_WORKER="$dir/tests/multiproc/loom_mp_worker"
+export LOOM_DEVICE_WORKER="$dir/tests/multiproc/loom_device_worker"
 export LOOM_EXAMPLE="$dir/examples/sendrecv_tensor" LOOM_RECOVER_EXAMPLE="$dir/examples/recover_after_failure"
 ninja -C "$dir" examples/sendrecv_tensor >/dev/null
 
 if [ "$kind" = address ]; then
   inproc='*P2P*:Shm.*:Links/*:Store.*:CApi.*:Communicator.*:Collectives.*:Shm/SmallMatrix.*/3ranks*:Tcp/SmallMatrix.*/3ranks*'
-  inproc+=':Mixed/SmallMatrix.*/5ranks*:Shm/LargeCounts.*/3ranks_ring:MixedEven/*:Nodes*:DeviceStaged.*'
+  inproc+=':Mixed/SmallMatrix.*/5ranks*:Shm/LargeCounts.*/3ranks_ring:MixedEven/*:Nodes*:DeviceStaged.*:Paths/DevicePath.*'
   inproc+=':-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
-  multiproc='Faults.*:SharedMemory.*:Loomrun.*'
+  multiproc='Faults.*:SharedMemory.*:Loomrun.*:CudaIpc.*'
 else
   inproc='*P2P*:Links/Mismatch*:Links/HangReport*:Communicator.*:Collectives.SeveralInFlight*:Collectives.BadArguments*'
   inproc+=':Tcp/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/4ranks_direct*:Links/Soak.*/4ranks_shm'
-  inproc+=':Soak.TwoCommunicators*:GradSync.*:Ranks/DataParallel.*:DeviceStaged.*:Links/DeviceMatrix.*/3ranks*'
+  inproc+=':Soak.TwoCommunicators*:GradSync.*:Ranks/DataParallel.*:DeviceStaged.*:Paths/DevicePath.*:Links/DeviceMatrix.*/3ranks*'
   inproc+=':-*LargeBothDirections*'
   multiproc='Faults.RecoveryExample*:SharedMemory.SigkillInMid*'
 fi

@@ -422,6 +422,18 @@ struct Bench {
   }
 
   // Seconds per call, the slowest rank's.
+  // Device-to-device copy bandwidth of this rank's GPU (bytes read + written per second), from
+  // copies of `bytes` between the two device buffers; the anchor of the device figures.
+  double deviceCopyBandwidth(size_t bytes, int iters) {
+    rt->copyAsync(drecv, dsend, bytes, stream);
+    rt->synchronize(stream);
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) rt->copyAsync(drecv, dsend, bytes, stream);
+    rt->synchronize(stream);
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    return sec > 0 ? 2.0 * static_cast<double>(bytes) / sec : 0;
+  }
+
   double time(size_t count, DataType t, ReduceOp op, int root, bool inPlace, int warmup, int iters) {
     fillInput(count, t, op, inPlace);
     upload();
@@ -501,6 +513,12 @@ int perfMain(int argc, char** argv, Kind kind) {
       if (b.rt) {
         std::printf("# buffers: device %d (%s), ordered on a stream held by %s\n", b.rt->currentDevice(), b.rt->name(),
                     b.rt->waitMechanism().c_str());
+        bool ipc = comm.nodeCount() == 1;
+        for (int p = 0; p < n; ++p) ipc = ipc && (p == rank || comm.transportOf(p) == "cuda_ipc");
+        std::printf("# device data moves %s\n",
+                    n == 1 ? "by device copies (one rank)"
+                    : ipc  ? "through CUDA IPC (peers' buffers mapped and read in place by the kernels)"
+                           : "through pinned host staging (CUDA IPC needs every rank on one node)");
       } else {
         std::printf("# buffers: host memory\n");
       }
@@ -514,8 +532,18 @@ int perfMain(int argc, char** argv, Kind kind) {
       std::printf("# %12s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
                   "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
     }
+    // The device anchor: rank 0's copy bandwidth, measured alone (the others wait).
+    double copyBw = 0;
+    if (b.rt && rank == 0) {
+      copyBw = b.deviceCopyBandwidth(o.maxBytes, 20);
+      std::printf("# device copy bandwidth: %.1f GB/s (cudaMemcpy device to device of %zu bytes; read + write)\n",
+                  copyBw / 1e9, o.maxBytes);
+    }
+    if (b.rt) comm.barrier();
     double busSum = 0, wrongTotal = 0, peakBus = 0;
     size_t peakBytes = 0;
+    double lastTime = 0;  // out of place, at the last size of the first datatype and op
+    size_t lastBytes = 0;
     int rows = 0;
     const char* opNames[] = {"sum", "prod", "max", "min", "avg"};
     for (DataType t : o.types)
@@ -534,6 +562,10 @@ int perfMain(int argc, char** argv, Kind kind) {
               continue;
             }
             tm[ip] = b.time(count, t, op, o.root, inPlace, o.warmup, o.iters);
+            if (!inPlace && t == o.types.front() && op == o.ops.front()) {
+              lastTime = tm[ip];
+              lastBytes = count * E;
+            }
             bad[ip] = o.check ? b.wrong(count, t, op, o.root, inPlace) : 0;
             comm.allReduce(&bad[ip], &bad[ip], 1, DataType::Float64, ReduceOp::Sum);
             bw[ip] = tm[ip] > 0 ? static_cast<double>(shown) / tm[ip] / 1e9 : 0;
@@ -585,6 +617,16 @@ int perfMain(int argc, char** argv, Kind kind) {
       std::printf("# Avg bus bandwidth    : %g \n", rows > 0 ? busSum / rows : 0.0);
       std::printf("# Peak bus bandwidth   : %.3f GB/s at %zu bytes\n", peakBus, peakBytes);
       std::printf("%s\n#\n", results.summary().c_str());
+      if (b.rt && kind == Kind::AllReduce && n > 1 && comm.nodeCount() == 1 && b.rt->deviceCount() == 1 && copyBw > 0 &&
+          lastTime > 0) {
+        // Ranks sharing one GPU: an all-reduce moves at least 2·n·S bytes through its memory.
+        const double bound = 2.0 * n * static_cast<double>(lastBytes) / copyBw;
+        std::printf(
+            "# HBM bound, %d ranks on one GPU, %zu bytes: 2*n*S = %.3g GB at %.1f GB/s = %.1f us; measured "
+            "%.1f us (out of place): %.0f%% of the bound\n#\n",
+            n, lastBytes, 2.0 * n * static_cast<double>(lastBytes) / 1e9, copyBw / 1e9, bound * 1e6, lastTime * 1e6,
+            100.0 * bound / lastTime);
+      }
       if (!o.csv.empty()) results.writeCsv(o.csv);
       if (!o.json.empty()) results.writeJson(o.json);
     }

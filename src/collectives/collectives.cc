@@ -1,6 +1,7 @@
 // Entry points of the collectives: argument checks, algorithm choice, and ordered execution on
 // the communicator's op queue (inline when the queue is idle and the call is blocking).
 #include "collectives/context.hpp"
+#include "collectives/device_ipc.hpp"
 #include "collectives/device_staging.hpp"
 #include "collectives/select.hpp"
 #include "core/format.hpp"
@@ -94,12 +95,14 @@ void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int6
 }
 
 // Runs one collective: asynchronously (returns its Work) or blocking. Device buffers go through
-// the stream-ordered staging path, which never blocks the caller.
+// CUDA IPC among the ranks of one node, else the staging path; both are stream-ordered and never
+// block the caller.
 Work launch(detail::CommImpl& c, Coll kind, Args a, void* stream, bool async) {
   const uint64_t sig =
       a.counts ? makeAllToAllvSignature(a.type)
                : makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
   if (a.device >= 0) {
+    if (coll::deviceIpcUsable(c, kind, a.counts != nullptr)) return coll::launchOnDeviceIpc(c, kind, a, stream, sig);
     return coll::launchOnDevice(c, kind, a, stream, sig,
                                 [&c, kind, sig](const Args& h, int64_t seq) { runOnHost(c, kind, h, sig, seq); });
   }

@@ -51,6 +51,8 @@ class Context {
   /// The communicator (node map, selector).
   const detail::CommImpl& comm() const { return comm_; }
   const char* name() const { return name_; }
+  /// The algorithm's name ("ring", "direct"), for messages.
+  const char* algo() const { return algo_; }
   /// The call's signature (core/signature.hpp), 0 for internal exchanges.
   uint64_t signature() const { return sig_; }
   /// The hang report for this collective (CommImpl::diagnose), for an algorithm's own timeouts.

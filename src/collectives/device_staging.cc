@@ -6,6 +6,7 @@
 #include <map>
 #include <thread>
 
+#include "collectives/device_state.hpp"
 #include "core/deadline.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
@@ -17,139 +18,6 @@ namespace {
 
 LOOM_PARAM_INT(stagingBytesParam, "LOOM_DEVICE_STAGING_BYTES", 4 << 20,
                "pinned host bytes per staging slot for collectives on device buffers (3 slots per communicator)");
-
-// ---- Completion flags: 32-bit words in mapped host memory, one per communicator. Never freed: a
-// stream may still read its flag after the communicator is gone (it was released before). ----
-
-struct FlagPool {
-  std::mutex mu;
-  std::map<device::DeviceRuntime*, std::vector<volatile uint32_t*>> freeByRuntime;
-  static FlagPool& get() {
-    static auto* p = new FlagPool();  // process lifetime, like the flags
-    return *p;
-  }
-  volatile uint32_t* take(device::DeviceRuntime& rt) {
-    std::lock_guard<std::mutex> lock(mu);
-    auto& free = freeByRuntime[&rt];
-    if (free.empty()) {
-      constexpr size_t kPerPage = 64;  // one cache line apart each
-      auto* page = static_cast<uint32_t*>(rt.allocPinned(kPerPage * 64));
-      for (size_t i = 0; i < kPerPage; ++i) free.push_back(page + i * 16);
-    }
-    volatile uint32_t* f = free.back();
-    free.pop_back();
-    return f;
-  }
-};
-
-// Per communicator: the flag and its counters, copy streams, pinned slots.
-class DeviceState {
- public:
-  explicit DeviceState(device::DeviceRuntime& rt) : rt_(rt), flag_(FlagPool::get().take(rt)) {
-    issued_ = released_ = *flag_;
-  }
-  ~DeviceState() {
-    releaseAll();
-    for (auto& [dev, s] : streams_) {
-      rt_.destroyStream(s.d2h);
-      rt_.destroyStream(s.h2d);
-    }
-    for (auto& slot : slots_) rt_.freePinned(slot.mem);
-  }
-  DeviceState(const DeviceState&) = delete;
-  DeviceState& operator=(const DeviceState&) = delete;
-
-  device::DeviceRuntime& rt() { return rt_; }
-  volatile uint32_t* flag() { return flag_; }
-  std::mutex& callMutex() { return callMu_; }
-  /// The next completion token (call with callMutex held, in queue order).
-  uint32_t nextToken() { return ++issued_; }
-  /// Lets streams waiting for `token` (and every earlier one) go on.
-  void release(uint32_t token) {
-    std::lock_guard<std::mutex> lock(relMu_);
-    if (static_cast<int32_t>(token - released_) <= 0) return;
-    released_ = token;
-    // A sequentially consistent store: everything before it (the copies back) is visible first.
-    __atomic_store_n(const_cast<uint32_t*>(flag_), token, __ATOMIC_SEQ_CST);
-  }
-  void releaseAll() {
-    std::lock_guard<std::mutex> lock(callMu_);
-    release(issued_);
-  }
-
-  struct Streams {
-    device::StreamHandle d2h = nullptr, h2d = nullptr;
-  };
-  /// The copy streams on `dev` (the op queue's thread, with `dev` current).
-  Streams& streams(int dev) {
-    auto it = streams_.find(dev);
-    if (it != streams_.end()) return it->second;
-    Streams s;
-    s.d2h = rt_.createStream();
-    s.h2d = rt_.createStream();
-    return streams_.emplace(dev, s).first->second;
-  }
-  /// Pinned slot `i` of at least `bytes` (op queue's thread only).
-  uint8_t* slot(int i, size_t bytes) {
-    Slot& s = slots_[static_cast<size_t>(i)];
-    if (s.bytes < bytes) {
-      rt_.freePinned(s.mem);
-      s.mem = nullptr;
-      s.bytes = 0;
-      s.mem = rt_.allocPinned(bytes);
-      s.bytes = bytes;
-    }
-    return static_cast<uint8_t*>(s.mem);
-  }
-
- private:
-  struct Slot {
-    void* mem = nullptr;
-    size_t bytes = 0;
-  };
-  device::DeviceRuntime& rt_;
-  volatile uint32_t* flag_;
-  std::mutex callMu_, relMu_;
-  uint32_t issued_ = 0, released_ = 0;
-  std::map<int, Streams> streams_;
-  Slot slots_[3];
-};
-
-std::shared_ptr<DeviceState> stateOf(detail::CommImpl& c, device::DeviceRuntime& rt) {
-  return std::static_pointer_cast<DeviceState>(
-      c.deviceState([&rt] { return std::static_pointer_cast<void>(std::make_shared<DeviceState>(rt)); }));
-}
-
-// Waits for `e` on the op queue's thread: spins a little, then sleeps in short steps; checks the
-// communicator now and then (a failed peer, a dump request) and gives up at `deadline`.
-void waitEvent(device::DeviceRuntime& rt, device::EventHandle e, const detail::CommImpl& c, const Deadline& deadline,
-               const char* what) {
-  for (int spins = 0; !rt.eventDone(e); ++spins) {
-    if (spins < 200) {
-      std::this_thread::yield();
-      continue;
-    }
-    c.checkOk();
-    if (deadline.expired()) {
-      LOOM_THROW(ErrorCode::Timeout, c.rank(),
-                 strFormat("%s did not complete within %.1f s", what, deadline.totalSeconds()));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-
-// The start of every queued device operation: its device made current, then the wait for the
-// work queued on the caller's stream before the call (`ready`, destroyed here whatever happens).
-void awaitInput(device::DeviceRuntime& rt, device::EventHandle ready, int dev, const detail::CommImpl& c,
-                const std::string& what) {
-  struct EventGuard {
-    device::DeviceRuntime& rt;
-    device::EventHandle e;
-    ~EventGuard() { rt.destroyEvent(e); }
-  } guard{rt, ready};
-  rt.setDevice(dev);
-  waitEvent(rt, ready, c, Deadline(c.timeout()), what.c_str());
-}
 
 // Elements of the host-side staging per element of a chunk: input and output blocks together.
 size_t stagingFactor(Coll kind, int size) {
@@ -177,29 +45,6 @@ bool copiesOut(Coll kind, const Args& a, int rank) {
 struct Chunk {
   size_t off = 0, m = 0;
 };
-
-// Queues work ordered on `stream` (`submit` queues it and returns its completion; `ready` is its
-// input event) and holds the stream until it completes, fails or is aborted. The token and the
-// queue position are taken together, so that tokens complete in token order.
-Work holdStream(device::DeviceRuntime& rt, const std::shared_ptr<DeviceState>& st, void* stream,
-                device::EventHandle ready, const std::function<RequestPtr()>& submit) {
-  RequestPtr done;
-  uint32_t token = 0;
-  {
-    std::lock_guard<std::mutex> lock(st->callMutex());
-    token = st->nextToken();
-    try {
-      done = submit();
-    } catch (...) {
-      st->release(token);
-      rt.destroyEvent(ready);
-      throw;
-    }
-  }
-  done->onDone([st, token](const Status&) { st->release(token); });
-  rt.waitValue(stream, st->flag(), token);
-  return Work(done);
-}
 
 }  // namespace
 
@@ -254,12 +99,7 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
   device::DeviceRuntime* rt = device::runtime();
   if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
   const char* what = collName(kind);
-  if (rt->capturing(stream)) {
-    LOOM_THROW(ErrorCode::InvalidUsage, c.rank(),
-               strFormat("%s: the stream is being captured into a CUDA graph; Loom's collectives are driven by "
-                         "the host and cannot be captured: run them outside the capture",
-                         what));
-  }
+  rejectCapture(*rt, stream, c, what);
   std::shared_ptr<DeviceState> st = stateOf(c, *rt);
   const DeviceChunks plan = planDeviceChunks(kind, a.counts ? 1 : a.count, a.elem, c.size(), deviceStagingBytes());
   const size_t chunks = a.counts ? 1 : plan.chunks;
@@ -389,11 +229,7 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
 Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPoint>& ops, int dev, void* stream) {
   device::DeviceRuntime* rt = device::runtime();
   if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device send/recv without a device runtime");
-  if (rt->capturing(stream)) {
-    LOOM_THROW(ErrorCode::InvalidUsage, c.rank(),
-               "send/recv: the stream is being captured into a CUDA graph; Loom's operations are driven by the host "
-               "and cannot be captured: run them outside the capture");
-  }
+  rejectCapture(*rt, stream, c, "send/recv");
   std::shared_ptr<DeviceState> st = stateOf(c, *rt);
   device::EventHandle ready = rt->recordEvent(stream);
   std::string what = ops.size() == 1
@@ -411,21 +247,7 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
       total += (ops[i].count * sizeOf(ops[i].type) + 63) / 64 * 64;
     }
     uint8_t* h = st->slot(0, total + 64);
-    auto settle = [&](device::StreamHandle s, const char* what) {
-      device::EventHandle e = rt.recordEvent(s);
-      struct Guard {
-        device::DeviceRuntime& rt;
-        device::EventHandle e;
-        ~Guard() {
-          try {
-            while (!rt.eventDone(e)) std::this_thread::sleep_for(std::chrono::microseconds(50));
-          } catch (...) {
-          }
-          rt.destroyEvent(e);
-        }
-      } g{rt, e};
-      waitEvent(rt, e, c, Deadline(c.timeout()), what);
-    };
+    auto settle = [&](device::StreamHandle s, const char* what) { drainStream(rt, s, c, what); };
     for (size_t i = 0; i < ops.size(); ++i)
       if (ops[i].send) rt.copyAsync(h + at[i], ops[i].buf, ops[i].count * sizeOf(ops[i].type), cs.d2h);
     settle(cs.d2h, "a staged copy from the device");

@@ -139,6 +139,14 @@ class CommImpl : public Progressable {
     return nullptr;
   }
 
+  /// Where peers' device memory is mapped (CUDA IPC transport), or nullptr when no transport
+  /// shares device memory with the node's peers.
+  cuda_ipc::IpcMemCache* ipcCache() const {
+    for (const auto& t : transports_)
+      if (cuda_ipc::IpcMemCache* m = t->ipcCache()) return m;
+    return nullptr;
+  }
+
   // ---- Cost model inputs measured at init (collectives/tune.hpp); unset unless LOOM_TUNE. ----
   void setLink(const LinkModel& m) { link_ = m; }
   /// The collectives' algorithm selector, set once right after joining (collectives/tune.cc).

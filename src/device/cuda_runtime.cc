@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -27,6 +28,18 @@ void check(cudaError_t e, const char* what) {
 }
 
 using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// A driver function through the runtime (no libcuda link), or nullptr where the driver lacks it.
+void* driverFunction(const char* name, int version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    return fn;
+  (void)cudaGetLastError();
+  return nullptr;
+}
 
 class CudaRuntime final : public DeviceRuntime {
  public:
@@ -140,19 +153,73 @@ class CudaRuntime final : public DeviceRuntime {
                                     : "a spin kernel on mapped host memory";
   }
 
+  void reduceAsync(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op, int divisor,
+                   StreamHandle s) override {
+    if (count == 0 || n < 1) return;
+    constexpr int kMax = kernels::cuda::kMaxInputs;
+    const int first = std::min(n, kMax);
+    kernels::cuda::reduceN(dst, srcs, first, count, type, op, first == n ? divisor : 1, s);
+    // More inputs than one kernel reads: fold them in, kMax - 1 at a time, onto dst.
+    for (int i = first; i < n; i += kMax - 1) {
+      const void* more[kMax];
+      more[0] = dst;
+      const int m = std::min(kMax - 1, n - i);
+      for (int j = 0; j < m; ++j) more[j + 1] = srcs[i + j];
+      kernels::cuda::reduceN(dst, more, m + 1, count, type, op, i + m == n ? divisor : 1, s);
+    }
+  }
+
+  IpcHandle ipcExport(const void* p) override {
+    static auto range = reinterpret_cast<AddressRangeFn>(driverFunction("cuMemGetAddressRange", 3020));
+    if (range == nullptr) LOOM_THROW(ErrorCode::Cuda, -1, "the CUDA driver has no cuMemGetAddressRange");
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUresult r = range(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+    if (r != CUDA_SUCCESS) {
+      LOOM_THROW(ErrorCode::Cuda, -1,
+                 strFormat("cuMemGetAddressRange failed for %p: CUresult %d", p, static_cast<int>(r)));
+    }
+    cudaIpcMemHandle_t h{};
+    cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      LOOM_THROW(ErrorCode::Cuda, -1,
+                 strFormat("cudaIpcGetMemHandle failed for the allocation holding %p: %s (%s); memory from "
+                           "cudaMallocAsync pools or cuMemCreate cannot be shared this way: use cudaMalloc'd buffers "
+                           "or set LOOM_TRANSPORT=^cuda_ipc",
+                           p, cudaGetErrorString(e), cudaGetErrorName(e)));
+    }
+    IpcHandle out;
+    static_assert(sizeof(h) == IpcHandle::kBytes, "cudaIpcMemHandle_t is 64 bytes");
+    std::memcpy(out.bytes, &h, sizeof(h));
+    out.offset = reinterpret_cast<uintptr_t>(p) - static_cast<uintptr_t>(base);
+    return out;
+  }
+  void* ipcOpen(const IpcHandle& h) override {
+    cudaIpcMemHandle_t handle{};
+    std::memcpy(&handle, h.bytes, sizeof(handle));
+    void* p = nullptr;
+    cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      LOOM_THROW(ErrorCode::Cuda, -1,
+                 strFormat("cudaIpcOpenMemHandle failed: %s (%s); the peer's GPU may not be visible to this "
+                           "process (CUDA_VISIBLE_DEVICES), or peer access is impossible; LOOM_TRANSPORT=^cuda_ipc "
+                           "stages through host memory instead",
+                           cudaGetErrorString(e), cudaGetErrorName(e)));
+    }
+    return p;
+  }
+  void ipcClose(void* base) noexcept override {
+    if (base != nullptr) (void)cudaIpcCloseMemHandle(base);
+  }
+
  private:
   WaitValueFn waitValueFn() {
     if (useSpin_.load()) return nullptr;
     std::call_once(fnOnce_, [this] {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-      if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-          q == cudaDriverEntryPointSuccess) {
-        fn_ = reinterpret_cast<WaitValueFn>(fn);
-      } else {
-        (void)cudaGetLastError();
-        useSpin_.store(true);
-      }
+      fn_ = reinterpret_cast<WaitValueFn>(driverFunction("cuStreamWaitValue32", 12000));
+      if (fn_ == nullptr) useSpin_.store(true);
     });
     return useSpin_.load() ? nullptr : fn_;
   }

@@ -12,11 +12,21 @@
 #include <cstdint>
 #include <string>
 
+#include "loom/loom.hpp"
+
 namespace loom {
 namespace device {
 
 using StreamHandle = void*;
 using EventHandle = void*;
+
+/// What another process needs to map a device allocation (CUDA IPC): the runtime's handle of the
+/// allocation (a cudaIpcMemHandle_t) and where the exported pointer lies in it.
+struct IpcHandle {
+  static constexpr size_t kBytes = 64;
+  uint8_t bytes[kBytes] = {};
+  uint64_t offset = 0;  ///< of the exported pointer from the allocation's start
+};
 
 class DeviceRuntime {
  public:
@@ -51,7 +61,7 @@ class DeviceRuntime {
   virtual void copy2DAsync(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows,
                            StreamHandle s) = 0;
 
-  /// Device memory on the current device (tools and benchmarks; the collectives allocate none).
+  /// Device memory on the current device (tools, benchmarks, an in-place all-to-all's scratch).
   virtual void* allocDevice(size_t bytes) = 0;
   virtual void freeDevice(void* p) noexcept = 0;
   /// Waits on this thread until everything queued on `s` has completed; throws on a device error.
@@ -66,6 +76,20 @@ class DeviceRuntime {
   virtual void waitValue(StreamHandle s, volatile uint32_t* flag, uint32_t value) = 0;
   /// How waitValue holds a stream here ("stream memory operations", "spin kernel"), for logs.
   virtual std::string waitMechanism() = 0;
+
+  /// Queues dst[i] = op over srcs[0..n)[i], in that order (n >= 1; dst may be one of them; the
+  /// sources may be other processes' memory opened with ipcOpen); divisor > 1 then divides (avg).
+  virtual void reduceAsync(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op,
+                           int divisor, StreamHandle s) = 0;
+
+  /// The handle another process opens to reach the device memory at `p` (cudaIpcGetMemHandle of
+  /// the allocation holding it). Throws for memory that cannot be shared (e.g. stream-ordered pools).
+  virtual IpcHandle ipcExport(const void* p) = 0;
+  /// Maps another process's exported allocation; returns its start (add IpcHandle::offset).
+  /// Handles exported by this process cannot be opened here: use the pointer itself.
+  virtual void* ipcOpen(const IpcHandle& h) = 0;
+  /// Unmaps what ipcOpen returned.
+  virtual void ipcClose(void* base) noexcept = 0;
 };
 
 /// The runtime in use: a test's (setRuntimeForTesting), else CUDA's where Loom is built with CUDA

@@ -3,6 +3,7 @@
 #include "core/format.hpp"
 #include "core/param.hpp"
 #include "core/status.hpp"
+#include "transport/cuda_ipc/cuda_ipc_transport.hpp"
 #include "transport/interfaces.hpp"
 #include "transport/shm/shm_transport.hpp"
 #include "transport/tcp/tcp_transport.hpp"
@@ -16,6 +17,7 @@ LOOM_PARAM_STR(transportParam, "LOOM_TRANSPORT", "", "transports allowed, e.g. t
 
 const std::vector<TransportEntry>& allTransports() {
   static const std::vector<TransportEntry> table = {
+      {"cuda_ipc", [] { return std::unique_ptr<Transport>(new cuda_ipc::CudaIpcTransport()); }},
       {"shm", [] { return std::unique_ptr<Transport>(new shm::ShmTransport()); }},
       {"tcp", [] { return std::unique_ptr<Transport>(new tcp::TcpTransport()); }},
   };
@@ -29,6 +31,20 @@ std::vector<TransportEntry> selectTransports(const std::string& specIn) {
   parsed.exact = true;  // transport names are whole words
   for (const auto& t : allTransports())
     if (spec.empty() || ifnameMatches(parsed, t.name)) out.push_back(t);
+  // CUDA IPC carries its host bytes over shared memory: excluding shared memory ("^shm")
+  // excludes it too; naming it ("cuda_ipc,tcp") brings shared memory along inside it.
+  auto has = [&out](const char* name) {
+    for (const auto& t : out)
+      if (std::string(t.name) == name) return true;
+    return false;
+  };
+  if (!spec.empty() && spec[0] == '^' && has("cuda_ipc") && !has("shm")) {
+    for (auto it = out.begin(); it != out.end(); ++it)
+      if (std::string(it->name) == "cuda_ipc") {
+        out.erase(it);
+        break;
+      }
+  }
   if (out.empty()) {
     std::string names;
     for (const auto& t : allTransports()) names += (names.empty() ? "" : ", ") + std::string(t.name);

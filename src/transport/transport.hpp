@@ -29,6 +29,9 @@
 namespace loom {
 
 class ProgressEngine;
+namespace cuda_ipc {
+class IpcMemCache;
+}
 
 /// Tags with this bit belong to collectives (user tags stay below it). Transports may treat their
 /// messages differently: a collective's receiver posts its receives within a pipeline step.
@@ -67,6 +70,14 @@ struct LocalArena {
   std::vector<std::atomic<uint64_t>*> steps;
   std::vector<std::atomic<uint64_t>*> calls;    ///< 3 sets of 3 words each: sequence, bytes, signature
   std::vector<std::atomic<uint64_t>*> current;  ///< each rank's current call (publishCall / readCall)
+  /// Each rank's record of the device buffers of its collective (collectives/device_ipc.cc).
+  std::vector<uint8_t*> deviceRecords;
+  static constexpr size_t kDeviceRecordBytes = 512;
+  /// One word the ranks of this arena that live in this process share, at one address. Each rank
+  /// maps its peers' segments at addresses of its own, so ThreadSanitizer cannot relate one
+  /// rank's step store to another's load of it; a read-modify-write here, in TSan builds only,
+  /// shows it the order (collectives/arena_sync.cc).
+  std::shared_ptr<std::atomic<uint64_t>> processClock;
   /// Why rank `index` can no longer take part ("" while it can): it closed its communicator, or
   /// its communicator failed (with the reason it recorded). A killed rank is noticed by the
   /// transport's progress thread, which fails the communicator.
@@ -134,6 +145,9 @@ class Transport {
   virtual void waiting(bool on) noexcept { (void)on; }
   /// The node's shared arena, when this transport has one (after connect).
   virtual const LocalArena* arena() const { return nullptr; }
+  /// Where the peers' device allocations are mapped, when this transport shares device memory
+  /// (CUDA IPC; after connect).
+  virtual cuda_ipc::IpcMemCache* ipcCache() { return nullptr; }
 };
 
 }  // namespace loom

@@ -1,12 +1,38 @@
 #include "fake_device.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/reduce.hpp"
+#include "loom/loom.hpp"
 
 namespace loomtest {
 namespace {
 // A stream wait holds its stream at most this long, then gives up and counts as stuck.
 constexpr auto kWaitLimit = std::chrono::seconds(60);
+
+// What a fake IPC handle holds.
+struct FakeHandle {
+  char magic[8];
+  int32_t pid;
+  int32_t fd;
+  uint64_t bytes;
+  uint64_t serial;  // unique per allocation, as CUDA's handles are (fd numbers are reused)
+};
+constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'F', 'A', 'K', 'E'};
+static_assert(sizeof(FakeHandle) <= loom::device::IpcHandle::kBytes, "fits a handle");
+
+[[noreturn]] void fail(const std::string& what) {
+  throw loom::Error(loom::ErrorCode::Cuda, "fake device: " + what + ": " + std::strerror(errno));
+}
 }  // namespace
 
 FakeDevice::FakeDevice() : default_(std::make_unique<Stream>()) { default_->worker = std::thread(run, default_.get()); }
@@ -23,7 +49,11 @@ FakeDevice::~FakeDevice() {
   stop(*default_);
   for (auto& s : streams_)
     if (s) stop(*s);
-  for (auto& [p, n] : allocs_) std::free(reinterpret_cast<void*>(p));
+  for (auto& [p, a] : allocs_) {
+    munmap(reinterpret_cast<void*>(p), a.bytes);
+    close(a.fd);
+  }
+  for (auto& [p, n] : opened_) munmap(p, n);
 }
 
 void FakeDevice::run(Stream* st) {
@@ -43,10 +73,24 @@ void FakeDevice::run(Stream* st) {
 }
 
 void* FakeDevice::alloc(size_t bytes) {
-  void* p = std::malloc(bytes == 0 ? 1 : bytes);
+  Alloc a;
+  static std::atomic<uint64_t> serials{0};
+  a.serial = ++serials;
+  a.bytes = bytes == 0 ? 1 : bytes;
+  a.fd = memfd_create("loom-fake-device", MFD_CLOEXEC);
+  if (a.fd < 0) fail("memfd_create");
+  if (ftruncate(a.fd, static_cast<off_t>(a.bytes)) != 0) {
+    close(a.fd);
+    fail("ftruncate");
+  }
+  void* p = mmap(nullptr, a.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
+  if (p == MAP_FAILED) {
+    close(a.fd);
+    fail("mmap");
+  }
   std::memset(p, 0xA5, bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  allocs_[reinterpret_cast<uintptr_t>(p)] = bytes == 0 ? 1 : bytes;
+  allocs_[reinterpret_cast<uintptr_t>(p)] = a;
   return p;
 }
 
@@ -54,17 +98,96 @@ void FakeDevice::free(void* p) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs_.end()) return;
+  munmap(p, it->second.bytes);
+  close(it->second.fd);
   allocs_.erase(it);
-  std::free(p);
 }
 
 int FakeDevice::deviceOf(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mu_);
+  auto check = [a](const auto& m) {
+    auto it = m.upper_bound(a);
+    if (it == m.begin()) return false;
+    --it;
+    return a < it->first + it->second.bytes;
+  };
+  if (check(allocs_)) return 0;
+  for (const auto& [q, n] : opened_) {  // a peer's memory, mapped by ipcOpen
+    const auto b = reinterpret_cast<uintptr_t>(q);
+    if (a >= b && a < b + n) return 0;
+  }
+  return -1;
+}
+
+void FakeDevice::reduceAsync(void* dst, const void* const* srcs, int n, size_t count, loom::DataType type,
+                             loom::ReduceOp op, int divisor, loom::device::StreamHandle s) {
+  if (count == 0 || n < 1) return;
+  ++reductions_;
+  std::vector<const void*> in(srcs, srcs + n);
+  enqueue(s, [dst, in, count, type, op, divisor] {
+    // Into a temporary first: dst may be any of the inputs, as the CUDA kernel allows.
+    const size_t bytes = count * loom::sizeOf(type);
+    std::vector<uint8_t> acc(bytes);
+    std::memcpy(acc.data(), in[0], bytes);
+    for (size_t i = 1; i < in.size(); ++i) loom::kernels::reduce(acc.data(), acc.data(), in[i], count, type, op);
+    if (divisor > 1) loom::kernels::divide(acc.data(), count, type, divisor);
+    std::memcpy(dst, acc.data(), bytes);
+  });
+}
+
+loom::device::IpcHandle FakeDevice::ipcExport(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = allocs_.upper_bound(a);
-  if (it == allocs_.begin()) return -1;
+  if (it == allocs_.begin() || a >= std::prev(it)->first + std::prev(it)->second.bytes) {
+    errno = EINVAL;
+    fail("ipcExport of memory it did not allocate");
+  }
   --it;
-  return a < it->first + it->second ? 0 : -1;
+  FakeHandle f{};
+  std::memcpy(f.magic, kMagic, sizeof(kMagic));
+  f.pid = static_cast<int32_t>(getpid());
+  f.fd = it->second.fd;
+  f.bytes = it->second.bytes;
+  f.serial = it->second.serial;
+  loom::device::IpcHandle h;
+  std::memcpy(h.bytes, &f, sizeof(f));
+  h.offset = a - it->first;
+  ++exports_;
+  return h;
+}
+
+void* FakeDevice::ipcOpen(const loom::device::IpcHandle& h) {
+  FakeHandle f{};
+  std::memcpy(&f, h.bytes, sizeof(f));
+  if (std::memcmp(f.magic, kMagic, sizeof(kMagic)) != 0) {
+    errno = EINVAL;
+    fail("ipcOpen of a handle it did not make");
+  }
+  if (f.pid == static_cast<int32_t>(getpid())) {
+    errno = EINVAL;  // as CUDA: a process cannot open its own handles
+    fail("ipcOpen of a handle exported by this process");
+  }
+  const std::string path = "/proc/" + std::to_string(f.pid) + "/fd/" + std::to_string(f.fd);
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) fail("open " + path);
+  void* p = mmap(nullptr, f.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) fail("mmap " + path);
+  std::lock_guard<std::mutex> lock(mu_);
+  opened_[p] = f.bytes;
+  ++opens_;
+  return p;
+}
+
+void FakeDevice::ipcClose(void* base) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = opened_.find(base);
+  if (it == opened_.end()) return;
+  munmap(base, it->second);
+  opened_.erase(it);
+  ++closes_;
 }
 
 FakeDevice::Stream& FakeDevice::streamOf(loom::device::StreamHandle s) {

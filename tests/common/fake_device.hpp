@@ -39,6 +39,12 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   void setCapturing(loom::device::StreamHandle s, bool on);
   /// Stream waits that gave up (held longer than their limit): each is a stream Loom never released.
   int stuckWaits() const { return stuck_.load(); }
+  /// Peer allocations mapped by ipcOpen so far, and unmapped by ipcClose.
+  int ipcOpens() const { return opens_.load(); }
+  int ipcCloses() const { return closes_.load(); }
+  /// Buffers exported for CUDA IPC, and n-input reductions queued (the IPC path's; staging reduces on the host).
+  int ipcExports() const { return exports_.load(); }
+  int reductions() const { return reductions_.load(); }
 
   // ---- DeviceRuntime. ----
   const char* name() const override { return "fake"; }
@@ -61,6 +67,13 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   void freePinned(void* p) noexcept override;
   void waitValue(loom::device::StreamHandle s, volatile uint32_t* flag, uint32_t value) override;
   std::string waitMechanism() override { return "emulated"; }
+  void reduceAsync(void* dst, const void* const* srcs, int n, size_t count, loom::DataType type, loom::ReduceOp op,
+                   int divisor, loom::device::StreamHandle s) override;
+  /// Handles name the allocation's memfd in the exporting process: another process maps it
+  /// through /proc/<pid>/fd, so that CUDA IPC's cross-process path runs for real.
+  loom::device::IpcHandle ipcExport(const void* p) override;
+  void* ipcOpen(const loom::device::IpcHandle& h) override;
+  void ipcClose(void* base) noexcept override;
 
  private:
   struct Stream {
@@ -74,8 +87,15 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   void enqueue(loom::device::StreamHandle s, std::function<void()> fn);
   static void run(Stream* st);
 
+  struct Alloc {
+    size_t bytes = 0;
+    int fd = -1;  // the memfd behind it
+    uint64_t serial = 0;
+  };
   std::mutex mu_;
-  std::map<uintptr_t, size_t> allocs_;  // start -> bytes
+  std::map<uintptr_t, Alloc> allocs_;  // start -> allocation
+  std::map<void*, size_t> opened_;     // ipcOpen mappings -> bytes
+  std::atomic<int> opens_{0}, closes_{0}, exports_{0}, reductions_{0};
   std::map<void*, std::shared_ptr<std::atomic<bool>>> events_;
   std::unique_ptr<Stream> default_;
   std::vector<std::unique_ptr<Stream>> streams_;

@@ -41,18 +41,18 @@ class PerRankOptions {
   PerRankOptions& operator=(const PerRankOptions&) = delete;
 };
 
-/// How the ranks of a test are linked: "shm" (all on one node: shared memory, the default),
-/// "tcp" (LOOM_TRANSPORT=tcp), "mixed" (two "nodes" by host identity, even and odd ranks: shared
-/// memory within each, TCP between), "mixed3" (three such nodes, r % 3). Sets it up for the
-/// object's lifetime.
+/// How the ranks of a test are linked: "shm" (all on one node: shared memory, the default; with
+/// a device runtime, CUDA IPC for device buffers), "noipc" (the same without CUDA IPC:
+/// LOOM_TRANSPORT=^cuda_ipc), "tcp" (LOOM_TRANSPORT=tcp), "mixed" (two "nodes" by host identity, even and odd ranks:
+/// shared memory within each, TCP between), "mixed3" (three such nodes, r % 3). Sets it up for the object's lifetime.
 class TransportSetup {
  public:
   explicit TransportSetup(const std::string& mode) {
-    if (mode == "tcp") {
+    if (mode == "tcp" || mode == "noipc") {
       const char* old = std::getenv("LOOM_TRANSPORT");
       hadOld_ = old != nullptr;
       if (hadOld_) old_ = old;
-      setenv("LOOM_TRANSPORT", "tcp", 1);
+      setenv("LOOM_TRANSPORT", mode == "tcp" ? "tcp" : "^cuda_ipc", 1);
       restoreEnv_ = true;
     } else if (mode == "mixed") {
       perRank_.emplace([](int r, loom::Options& o) { o.hostId = r % 2 == 0 ? "even-node" : "odd-node"; });

@@ -1,11 +1,16 @@
-// Every collective on CUDA device buffers, 1 to 4 ranks sharing one GPU (threads of one process),
-// over shared memory and with TCP forced, against the independent reference; and the stream
-// semantics with real CUDA streams.
+// Every collective on CUDA device buffers, 1 to 4 ranks sharing one GPU, against the independent
+// reference: as threads of one process through CUDA IPC (pointers used as they are), staged over
+// shared memory (CUDA IPC left out) and over TCP; as processes through CUDA IPC (handles opened
+// for real, loomrun and the device worker of the multiproc suite). And the stream semantics with
+// real CUDA streams, on both paths.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
+#include <string>
 #include <vector>
 
 #include "common/collective_check.hpp"
@@ -31,7 +36,7 @@ TEST_P(GpuMatrix, EveryCollectiveOnDeviceBuffers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, GpuMatrix,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "tcp")),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "noipc", "tcp")),
                          [](const ::testing::TestParamInfo<GpuParam>& i) {
                            return std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param);
                          });
@@ -41,8 +46,11 @@ INSTANTIATE_TEST_SUITE_P(Links, GpuMatrix,
 // must see the result.
 void CUDART_CB releaseWhenSet(void* p) { static_cast<std::shared_future<void>*>(p)->wait(); }
 
-TEST(GpuStreams, CollectiveIsOrderedOnTheStreamAndDoesNotBlockTheHost) {
+class GpuStreams : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuStreams, CollectiveIsOrderedOnTheStreamAndDoesNotBlockTheHost) {
   LOOM_REQUIRE_GPU();
+  loomtest::TransportSetup links(GetParam());
   constexpr size_t kCount = 1 << 20;
   loomtest::runOk(2, [&](loom::Communicator& c) {
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -66,6 +74,30 @@ TEST(GpuStreams, CollectiveIsOrderedOnTheStreamAndDoesNotBlockTheHost) {
     (void)cudaFree(d);
     (void)cudaStreamDestroy(s);
   });
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, GpuStreams, ::testing::Values("shm", "noipc"));
+
+// Ranks as processes sharing the GPU: CUDA IPC handles exported, opened and cached for real.
+TEST(GpuProcesses, EveryCollectiveThroughCudaIpcBetweenProcesses) {
+  LOOM_REQUIRE_GPU();
+  const char* loomrun = std::getenv("LOOMRUN");
+  const char* worker = std::getenv("LOOM_DEVICE_WORKER");
+  ASSERT_TRUE(loomrun != nullptr && worker != nullptr) << "run through meson test (LOOMRUN, LOOM_DEVICE_WORKER)";
+  for (int n : {2, 4}) {
+    const std::string cmd =
+        std::string("timeout 600 ") + loomrun + " -n " + std::to_string(n) + " " + worker + " cuda 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t got;
+    while ((got = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, got);
+    const int status = pclose(p);
+    EXPECT_EQ(status, 0) << out;
+    for (int r = 0; r < n; ++r)
+      EXPECT_NE(out.find("rank " + std::to_string(r) + ": device worker ok"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

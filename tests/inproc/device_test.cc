@@ -1,6 +1,8 @@
 // Collectives on device buffers, stream-ordered, on an emulated device (common/fake_device.hpp):
-// the staging pipeline, stream semantics, argument checks and failure handling, on machines
-// without a GPU. The gpu suite runs the same matrix on a real CUDA device.
+// both paths (CUDA IPC among the ranks of one node, pinned host staging otherwise), stream
+// semantics, argument checks and failure handling, on machines without a GPU. The ranks here are
+// threads of one process, so CUDA IPC uses the peers' pointers as they are; the multiproc suite
+// maps them across processes. The gpu suite runs the same matrix on a real CUDA device.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -25,10 +27,16 @@ using loomtest::Case;
 using loomtest::FakeDevice;
 
 // Installs an emulated device for a test: Loom's runtime, runCase's buffers, a stream per rank.
+// Without `ipc`, and unless the test chose its transports, CUDA IPC is left out
+// (LOOM_TRANSPORT=^cuda_ipc), so that device buffers take the staging path.
 class FakeDeviceScope : public loomtest::DeviceBuffers {
  public:
-  explicit FakeDeviceScope(size_t stagingBytes = 0) {
+  explicit FakeDeviceScope(size_t stagingBytes = 0, bool ipc = false) {
     if (stagingBytes != 0) setenv("LOOM_DEVICE_STAGING_BYTES", std::to_string(stagingBytes).c_str(), 1);
+    if (!ipc && std::getenv("LOOM_TRANSPORT") == nullptr) {
+      setenv("LOOM_TRANSPORT", "^cuda_ipc", 1);
+      setTransport_ = true;
+    }
     loom::device::setRuntimeForTesting(&dev);
     loomtest::setDeviceBuffers(this);
     for (auto& s : streams_) s = dev.createStream();
@@ -37,6 +45,7 @@ class FakeDeviceScope : public loomtest::DeviceBuffers {
     loomtest::setDeviceBuffers(nullptr);
     loom::device::setRuntimeForTesting(nullptr);
     unsetenv("LOOM_DEVICE_STAGING_BYTES");
+    if (setTransport_) unsetenv("LOOM_TRANSPORT");
   }
   void* alloc(size_t bytes) override { return dev.alloc(bytes); }
   void free(void* p) override { dev.free(p); }
@@ -50,33 +59,55 @@ class FakeDeviceScope : public loomtest::DeviceBuffers {
 
  private:
   void* streams_[8] = {};
+  bool setTransport_ = false;
 };
 
-// ---- The collectives matrix on device buffers, every link, staging slots small enough that
-// every count above a few elements takes several pipelined chunks. ----
+// The tests that run on both paths: "staged" or "ipc".
+class DevicePath : public ::testing::TestWithParam<const char*> {
+ protected:
+  bool ipc() const { return std::string(GetParam()) == "ipc"; }
+  // After a test with peers: CUDA IPC exported buffers exactly when it was the path.
+  void expectPath(const FakeDevice& dev) const {
+    if (ipc()) {
+      EXPECT_GT(dev.ipcExports(), 0) << "the collectives did not go through CUDA IPC";
+    } else {
+      EXPECT_EQ(dev.ipcExports(), 0) << "the collectives did not go through the staging path";
+    }
+  }
+};
+
+// ---- The collectives matrix on device buffers: through CUDA IPC on one node ("ipc"), and staged
+// over every link, with staging slots small enough that every count above a few elements takes
+// several pipelined chunks. ----
 using DeviceParam = std::tuple<int, const char*>;  // ranks, links
 class DeviceMatrix : public ::testing::TestWithParam<DeviceParam> {};
 
-TEST_P(DeviceMatrix, EveryCollectiveTypeOpAndPlacementThroughStaging) {
+TEST_P(DeviceMatrix, EveryCollectiveTypeOpAndPlacement) {
   const int n = std::get<0>(GetParam());
-  loomtest::TransportSetup links(std::get<1>(GetParam()));
-  FakeDeviceScope device(4096);
+  const std::string links = std::get<1>(GetParam());
+  const bool ipc = links == "ipc";
+  loomtest::TransportSetup setup(ipc ? "shm" : links);
+  FakeDeviceScope device(4096, ipc);
   loomtest::runOk(n, [&](loom::Communicator& c) {
     EXPECT_GT(loomtest::runMatrix(c, {0, 1, 7, 1021}, [&](const std::string& m) { ADD_FAILURE() << m; }), 0u);
   });
   EXPECT_EQ(device.dev.stuckWaits(), 0);
+  if (n > 1) {
+    EXPECT_EQ(device.dev.ipcExports() > 0, ipc) << "the path taken is not the one meant";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, DeviceMatrix,
-                         ::testing::Values(DeviceParam{1, "shm"}, DeviceParam{2, "shm"}, DeviceParam{3, "tcp"},
-                                           DeviceParam{4, "mixed"}),
+                         ::testing::Values(DeviceParam{1, "ipc"}, DeviceParam{2, "ipc"}, DeviceParam{3, "ipc"},
+                                           DeviceParam{4, "ipc"}, DeviceParam{5, "ipc"}, DeviceParam{2, "shm"},
+                                           DeviceParam{3, "tcp"}, DeviceParam{4, "mixed"}),
                          [](const ::testing::TestParamInfo<DeviceParam>& i) {
                            return std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param);
                          });
 
 // Large counts with the default 4 MiB slots: a pipeline of several chunks at full size.
-TEST(DeviceStaged, LargeCountsWithDefaultSlots) {
-  FakeDeviceScope device;
+TEST_P(DevicePath, LargeCountsWithDefaultSlots) {
+  FakeDeviceScope device(0, ipc());
   loomtest::runOk(3, [&](loom::Communicator& c) {
     auto fail = [&](const std::string& m) { ADD_FAILURE() << m; };
     for (const char* coll : loomtest::kColls)
@@ -88,6 +119,7 @@ TEST(DeviceStaged, LargeCountsWithDefaultSlots) {
       }
   });
   EXPECT_EQ(device.dev.stuckWaits(), 0);
+  expectPath(device.dev);
 }
 
 // ---- Stream semantics. ----
@@ -95,8 +127,8 @@ TEST(DeviceStaged, LargeCountsWithDefaultSlots) {
 // The call returns at once; the collective reads its input only after the work queued on the
 // stream before the call (here held until after the call returned), and work queued after the
 // call sees the result. The host call returns before a late peer has joined.
-TEST(DeviceStaged, OrderedOnTheCallersStreamWithoutBlockingTheHost) {
-  FakeDeviceScope device;
+TEST_P(DevicePath, OrderedOnTheCallersStreamWithoutBlockingTheHost) {
+  FakeDeviceScope device(0, ipc());
   static constexpr size_t kCount = 100003;
   std::promise<void> rank0Returned;
   std::shared_future<void> returned = rank0Returned.get_future().share();
@@ -133,11 +165,12 @@ TEST(DeviceStaged, OrderedOnTheCallersStreamWithoutBlockingTheHost) {
       }
     device.free(buf);
   });
+  expectPath(device.dev);
 }
 
 // Device and host collectives in flight together on one communicator complete in call order.
-TEST(DeviceStaged, InterleavedWithHostCollectivesInCallOrder) {
-  FakeDeviceScope device(8192);
+TEST_P(DevicePath, InterleavedWithHostCollectivesInCallOrder) {
+  FakeDeviceScope device(8192, ipc());
   loomtest::runOk(3, [&](loom::Communicator& c) {
     const int r = c.rank();
     void* s = device.stream(r);
@@ -160,12 +193,13 @@ TEST(DeviceStaged, InterleavedWithHostCollectivesInCallOrder) {
     device.free(d1);
     device.free(d2);
   });
+  expectPath(device.dev);
 }
 
 // All-to-all with a count per peer on device buffers: uneven blocks at displacements with gaps,
 // which the copy back must leave untouched.
-TEST(DeviceStaged, AllToAllvWithUnevenBlocks) {
-  FakeDeviceScope device;
+TEST_P(DevicePath, AllToAllvWithUnevenBlocks) {
+  FakeDeviceScope device(0, ipc());
   loomtest::runOk(3, [&](loom::Communicator& c) {
     const int r = c.rank(), n = c.size();
     void* s = device.stream(r);
@@ -196,6 +230,7 @@ TEST(DeviceStaged, AllToAllvWithUnevenBlocks) {
     device.free(in);
     device.free(out);
   });
+  expectPath(device.dev);
 }
 
 // ---- Bad input. ----
@@ -240,8 +275,8 @@ TEST(DeviceStaged, MixedBuffersStreamsWithHostMemoryAndGraphCaptureAreRejected) 
 
 // Ranks that pass different counts get an error naming the collective and both calls; the
 // streams are released, not left waiting.
-TEST(DeviceStaged, MismatchedCountsFailEveryRankAndReleaseTheStreams) {
-  FakeDeviceScope device(4096);
+TEST_P(DevicePath, MismatchedCountsFailEveryRankAndReleaseTheStreams) {
+  FakeDeviceScope device(4096, ipc());
   auto results = loomtest::runRanks(2, [&](loom::Communicator& c) {
     const int r = c.rank();
     void* s = device.stream(r);
@@ -261,12 +296,13 @@ TEST(DeviceStaged, MismatchedCountsFailEveryRankAndReleaseTheStreams) {
     device.free(d);
   });
   EXPECT_EQ(device.dev.stuckWaits(), 0);
+  expectPath(device.dev);
 }
 
 // A peer that leaves instead of calling: the collective fails on the other rank, naming it, and
 // that rank's stream goes on.
-TEST(DeviceStaged, ADepartedPeerFailsTheCollectiveAndReleasesTheStream) {
-  FakeDeviceScope device;
+TEST_P(DevicePath, ADepartedPeerFailsTheCollectiveAndReleasesTheStream) {
+  FakeDeviceScope device(0, ipc());
   std::promise<void> gone;
   std::shared_future<void> left = gone.get_future().share();
   auto results = loomtest::runRanks(2, [&](loom::Communicator& c) {
@@ -291,12 +327,13 @@ TEST(DeviceStaged, ADepartedPeerFailsTheCollectiveAndReleasesTheStream) {
     device.free(d);
   });
   EXPECT_EQ(device.dev.stuckWaits(), 0);
+  expectPath(device.dev);
 }
 
 // The C API: a collective and a grouped exchange on device buffers with a stream return at once
 // and are ordered on it; loomCommGetAsyncError stays clean; a barrier with a stream is refused.
-TEST(DeviceStaged, CApiOrdersCollectivesOnTheStream) {
-  FakeDeviceScope device;
+TEST_P(DevicePath, CApiOrdersCollectivesOnTheStream) {
+  FakeDeviceScope device(0, ipc());
   loomUniqueId id;
   ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
   std::vector<std::thread> threads;
@@ -330,6 +367,7 @@ TEST(DeviceStaged, CApiOrdersCollectivesOnTheStream) {
       device.free(d);
     });
   for (auto& t : threads) t.join();
+  expectPath(device.dev);
 }
 
 // ---- Point-to-point on device buffers. ----
@@ -373,8 +411,8 @@ TEST(DeviceStaged, SendAndReceiveOnTheStream) {
 // synchronize() (and the stream), every gradient is the average over the ranks, exactly (small
 // integers in float32); the parameters start as rank 0's. Packed into device buckets, all in
 // place, and as bucket views.
-TEST(DeviceStaged, GradSyncAveragesDeviceGradientsOnTheStream) {
-  FakeDeviceScope device;
+TEST_P(DevicePath, GradSyncAveragesDeviceGradientsOnTheStream) {
+  FakeDeviceScope device(0, ipc());
   const std::vector<size_t> sizes = {5, 1000, 300001};
   for (const char* how : {"packed", "direct", "view"}) {
     const std::string mode = how;
@@ -420,6 +458,7 @@ TEST(DeviceStaged, GradSyncAveragesDeviceGradientsOnTheStream) {
     });
   }
   EXPECT_EQ(device.dev.stuckWaits(), 0);
+  expectPath(device.dev);
 }
 
 TEST(DeviceStaged, GradSyncRefusesMixedParametersAndDeviceCompression) {
@@ -460,5 +499,8 @@ TEST(DeviceStaged, HostGroupOfSendsAndReceives) {
     EXPECT_EQ(b.front(), static_cast<float>((r + 1) % n));
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, DevicePath, ::testing::Values("staged", "ipc"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 }  // namespace

@@ -264,6 +264,24 @@ TEST(Loomrun, RunsTheExample) {
       << out;
 }
 
+// Device buffers between processes through CUDA IPC, on the emulated device (memfd-backed
+// "device memory", mapped by the peers through /proc as cudaIpcOpenMemHandle maps a GPU
+// allocation): the collectives matrix against the reference, each peer's buffer mapped once and
+// then reused, every mapping closed with the communicator.
+TEST(CudaIpc, DeviceBuffersAreMappedAcrossProcesses) {
+  for (int n : {2, 3}) {
+    std::string out;
+    int rc =
+        finish(start({path("LOOMRUN"), "-n", std::to_string(n), path("LOOM_DEVICE_WORKER"), "fake"}, {}), 240, &out);
+    EXPECT_EQ(rc, 0) << out;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_NE(out.find("rank " + std::to_string(r) + ": device worker ok"), std::string::npos) << out;
+      EXPECT_NE(out.find("rank " + std::to_string(r) + ": "), std::string::npos) << out;
+    }
+    EXPECT_NE(out.find("peer buffers mapped, all closed"), std::string::npos) << out;
+  }
+}
+
 TEST(Loomrun, StopsTheOthersAndReturnsTheFirstFailure) {
   std::string out;
   auto t0 = std::chrono::steady_clock::now();
@@ -465,9 +483,9 @@ TEST(DdpExample, TrainsUnderLoomrunWithIdenticalReplicas) {
 TEST(DdpExample, MlpLearnsWithIdenticalReplicas) {
   const std::string ck = "/tmp/loom-ddp-mlp-" + std::to_string(getpid()) + ".bin";
   std::string out;
-  const int rc = finish(
-      start({path("LOOMRUN"), "-n", "3", path("LOOM_DDP_MLP_EXAMPLE"), "--epochs", "4", "--checkpoint", ck}, {}), 120,
-      &out);
+  const int rc =
+      finish(start({path("LOOMRUN"), "-n", "3", path("LOOM_DDP_MLP_EXAMPLE"), "--epochs", "4", "--checkpoint", ck}, {}),
+             120, &out);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(countOf(out, "epoch "), 4) << out;
   std::ifstream file(ck, std::ios::binary | std::ios::ate);

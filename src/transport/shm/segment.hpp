@@ -29,7 +29,7 @@ namespace loom {
 namespace shm {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cULL;  // "LOOMSHM1"
-constexpr uint32_t kSegmentVersion = 3;                    // 3: frames carry the call's signature
+constexpr uint32_t kSegmentVersion = 4;                    // 4: a device-memory record (CUDA IPC)
 constexpr size_t kCacheLine = 64;
 
 /// Control words of one ring; head and tail on their own cache lines.
@@ -73,6 +73,8 @@ struct SegmentHeader {
   /// Peers read it to explain what they see next (a vanished buffer, a dead process).
   std::atomic<uint32_t> failed;
   char failure[448];
+  /// The owner's device buffers of the collective it is in, for CUDA IPC (cuda_ipc/device_record.hpp).
+  alignas(kCacheLine) uint8_t deviceRecord[512];
 };
 
 /// Records `why` as the owner's failure, if none is recorded yet.

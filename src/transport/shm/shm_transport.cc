@@ -6,6 +6,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "core/format.hpp"
@@ -17,6 +20,20 @@
 namespace loom {
 namespace shm {
 namespace {
+
+// The arena's processClock (transport.hpp): one per communicator per process.
+std::shared_ptr<std::atomic<uint64_t>> processClockFor(const Nonce& commId) {
+  static std::mutex mu;
+  static auto* clocks = new std::map<Nonce, std::weak_ptr<std::atomic<uint64_t>>>();  // process lifetime
+  std::lock_guard<std::mutex> lock(mu);
+  auto& weak = (*clocks)[commId];
+  auto clock = weak.lock();
+  if (!clock) {
+    clock = std::make_shared<std::atomic<uint64_t>>(0);
+    weak = clock;
+  }
+  return clock;
+}
 
 LOOM_PARAM_INT(ringBytesParam, "LOOM_SHM_RING_BYTES", 1 << 20,
                "bytes of each shared-memory ring (one per local peer and direction)");
@@ -200,7 +217,10 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
       arena_.steps.push_back(&h->directStep);
       arena_.calls.push_back(h->directCall);
       arena_.current.push_back(h->current);
+      static_assert(sizeof(h->deviceRecord) == LocalArena::kDeviceRecordBytes, "record sizes agree");
+      arena_.deviceRecords.push_back(h->deviceRecord);
     }
+    arena_.processClock = processClockFor(ctx.commId);
     std::vector<SegmentHeader*> headers;
     for (int r : local) headers.push_back(r == rank ? mine_.header() : theirs_[r].header());
     arena_.gone = [headers](int index) -> std::string {

@@ -1,0 +1,81 @@
+// Barriers on the shared arena's step counters (see arena_sync.hpp).
+#include "collectives/arena_sync.hpp"
+
+#include <thread>
+
+#include "core/format.hpp"
+
+namespace loom {
+namespace coll {
+
+namespace {
+// ThreadSanitizer's view of the barrier (LocalArena::processClock); nothing in other builds.
+inline void tsanTick(const LocalArena& ar) {
+#if defined(__SANITIZE_THREAD__)
+  if (ar.processClock) ar.processClock->fetch_add(1, std::memory_order_acq_rel);
+#else
+  (void)ar;
+#endif
+}
+}  // namespace
+
+void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
+  tsanTick(ar);
+  ar.steps[static_cast<size_t>(ar.me)]->store(target, std::memory_order_release);
+  const auto& comm = c.comm();
+  const auto deadline = Clock::now() + comm.timeout();
+  const int pauses = detail::pauseSpinsBeforeYield().load(std::memory_order_relaxed);
+  for (size_t p = 0; p < ar.steps.size(); ++p) {
+    if (static_cast<int>(p) == ar.me) continue;
+    for (unsigned spins = 0; ar.steps[p]->load(std::memory_order_acquire) < target; ++spins) {
+      if (static_cast<int>(spins) < pauses) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        continue;
+      }
+      std::this_thread::yield();
+      if ((spins & 255) != 0) continue;
+      c.check();  // answers a dump request (loom-info --dump, a timed-out peer) now and then
+      if (comm.failureState()->failed()) throw comm.failureState()->first().toError(comm.rank());
+      // A peer in another call with this one's number will never reach our step: say so.
+      if (Status m = comm.localCallMismatch(c.seq(), c.signature()); !m.ok) {
+        m.message =
+            strFormat("%s #%lld (%s): %s", c.name(), static_cast<long long>(c.seq()), c.algo(), m.message.c_str());
+        comm.failureState()->fail(m);
+        throw m.toError(comm.rank());
+      }
+      // Any rank of the node that failed or left dooms this collective, not only the one awaited.
+      for (size_t q = 0; ar.gone && q < ar.steps.size(); ++q) {
+        if (static_cast<int>(q) == ar.me) continue;
+        const std::string why = ar.gone(static_cast<int>(q));
+        if (!why.empty()) {
+          Status s = Status::error(ErrorCode::Remote,
+                                   strFormat("%s #%lld (%s): rank %d will not take part: %s", c.name(),
+                                             static_cast<long long>(c.seq()), c.algo(), ar.ranks[q], why.c_str()),
+                                   ar.ranks[q], c.seq());
+          comm.failureState()->fail(s);
+          throw s.toError(comm.rank());
+        }
+      }
+      if (Clock::now() > deadline) {
+        const std::string report = c.diagnose();
+        Status s = Status::error(
+            ErrorCode::Timeout,
+            strFormat("%s #%lld (%s): timed out after %.1f s waiting for rank %d to reach step %llu of the "
+                      "shared-memory exchange: it may have stopped, hung or called a different collective "
+                      "(LOOM_TIMEOUT sets the deadline)%s%s",
+                      c.name(), static_cast<long long>(c.seq()), c.algo(),
+                      static_cast<double>(comm.timeout().count()) / 1000.0, ar.ranks[p],
+                      static_cast<unsigned long long>(target), report.empty() ? "" : "\n", report.c_str()),
+            ar.ranks[p], c.seq());
+        comm.failureState()->fail(s);
+        throw s.toError(comm.rank());
+      }
+    }
+  }
+  tsanTick(ar);
+}
+
+}  // namespace coll
+}  // namespace loom

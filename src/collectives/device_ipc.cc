@@ -1,0 +1,256 @@
+// Collectives on device buffers through CUDA IPC (see device_ipc.hpp).
+#include "collectives/device_ipc.hpp"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives/arena_sync.hpp"
+#include "collectives/device_state.hpp"
+#include "core/format.hpp"
+#include "core/signature.hpp"
+#include "device/runtime.hpp"
+#include "transport/cuda_ipc/ipc_mem_cache.hpp"
+
+namespace loom {
+namespace coll {
+namespace {
+
+constexpr const char* kAlgo = "cuda_ipc";
+
+// A rank's device record: the call it is in and where its buffers are. Written by the rank into
+// its arena slot before a barrier; read by its peers after it, until the call's next barrier.
+struct Record {
+  uint64_t seq = 0;
+  uint64_t sig = 0;
+  uint64_t bytes = 0;  // count × element size (0 for all-to-all-v, whose counts follow)
+  cuda_ipc::ProcessId proc;
+  uint64_t sendPtr = 0, recvPtr = 0;  // as the rank's process sees them; 0: not shared
+  device::IpcHandle send, recv;
+  uint32_t nCounts = 0;  // all-to-all-v: the rank's send counts, then its send displacements
+  uint32_t pad = 0;
+  uint64_t counts[2 * kIpcMaxAllToAllvRanks] = {};
+};
+static_assert(sizeof(Record) <= LocalArena::kDeviceRecordBytes, "a record fits its arena slot");
+
+// Which of its buffers a rank shares for `kind`: those its peers read or write.
+bool sharesSend(Coll kind, const Args& a, int rank) { return kind != Coll::Broadcast || rank == a.root; }
+bool sharesRecv(Coll kind, const Args& a, int rank) {
+  return kind == Coll::AllReduce || (kind == Coll::Reduce && rank == a.root);
+}
+
+// Fails the communicator with `s` (so that the peers waiting at a barrier learn it) and throws.
+[[noreturn]] void fail(const Context& ctx, Status s) {
+  ctx.comm().failureState()->fail(s);
+  throw s.toError(ctx.comm().rank());
+}
+
+// The operation on one rank with no peers: copies.
+void runAlone(device::DeviceRuntime& rt, Coll kind, const Args& a, device::StreamHandle work) {
+  const size_t E = a.elem;
+  if (a.counts) {
+    const auto& v = *a.counts;  // n = 1: send count, send displacement, receive count, receive displacement
+    rt.copyAsync(static_cast<uint8_t*>(a.recv) + v[3] * E, static_cast<const uint8_t*>(a.send) + v[1] * E, v[2] * E,
+                 work);
+    return;
+  }
+  (void)kind;
+  if (a.send != a.recv && a.count > 0) rt.copyAsync(a.recv, a.send, a.count * E, work);
+}
+
+void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t seq, DeviceState& st) {
+  device::DeviceRuntime& rt = st.rt();
+  comm.enterCall(seq, sig, kAlgo);
+  Context ctx(comm, seq, collName(kind), kAlgo, sig);
+  const int n = comm.size(), me = comm.rank();
+  const auto N = static_cast<size_t>(n), ME = static_cast<size_t>(me);
+  const size_t E = a.elem;
+  device::StreamHandle work = st.streams(a.device).d2h;
+  const std::string label = strFormat("%s #%lld (%s)", collName(kind), static_cast<long long>(seq), kAlgo);
+  auto drain = [&] { drainStream(rt, work, comm, (label + ": the device work").c_str()); };
+
+  if (n == 1) {
+    runAlone(rt, kind, a, work);
+    drain();
+    return;
+  }
+  if (!a.counts && a.count == 0) return;  // the count is in the signature: every rank skips alike
+
+  try {
+    const LocalArena& ar = *comm.arena();
+    // 1. This rank's record; barrier.
+    Record mine;
+    mine.seq = static_cast<uint64_t>(seq);
+    mine.sig = sig;
+    mine.bytes = a.count * E;
+    mine.proc = cuda_ipc::thisProcess();
+    auto share = [&](const void* p, uint64_t* ptr, device::IpcHandle* h) {
+      if (p == nullptr) return;
+      *ptr = reinterpret_cast<uintptr_t>(p);
+      *h = rt.ipcExport(p);
+    };
+    const void* input = a.send;
+    if (kind == Coll::AllToAll && a.send == a.recv) {
+      // In place: the peers read this rank's blocks while it overwrites them; they read a copy.
+      uint8_t* copy = st.deviceScratch(N * a.count * E);
+      rt.copyAsync(copy, a.send, N * a.count * E, work);
+      drain();
+      input = copy;
+    }
+    if (sharesSend(kind, a, me)) share(input, &mine.sendPtr, &mine.send);
+    if (sharesRecv(kind, a, me)) share(a.recv, &mine.recvPtr, &mine.recv);
+    if (a.counts) {
+      mine.nCounts = static_cast<uint32_t>(N);
+      for (size_t p = 0; p < N; ++p) {
+        mine.counts[p] = (*a.counts)[p];
+        mine.counts[N + p] = (*a.counts)[N + p];
+      }
+    }
+    std::memcpy(ar.deviceRecords[ME], &mine, sizeof(mine));
+    uint64_t step = ar.steps[ME]->load(std::memory_order_relaxed);
+    barrier(ctx, ar, ++step);
+
+    // 2. The peers' records: the same call? Their buffers, mapped.
+    std::vector<Record> recs(N);
+    for (size_t p = 0; p < N; ++p) std::memcpy(&recs[p], ar.deviceRecords[p], sizeof(Record));
+    for (size_t p = 0; p < N; ++p) {
+      const Record& r = recs[p];
+      if (p == ME || (r.seq == mine.seq && r.sig == mine.sig && r.bytes == mine.bytes)) continue;
+      fail(ctx,
+           Status::error(ErrorCode::InvalidUsage,
+                         strFormat("%s: rank %zu is in collective #%llu, %s (%llu bytes), where this rank is in "
+                                   "%s (%llu bytes): the ranks called this collective with different counts, "
+                                   "datatypes, ops or roots",
+                                   label.c_str(), p, static_cast<unsigned long long>(r.seq),
+                                   describeSignature(r.sig).c_str(), static_cast<unsigned long long>(r.bytes),
+                                   describeSignature(mine.sig).c_str(), static_cast<unsigned long long>(mine.bytes)),
+                         static_cast<int>(p), seq));
+    }
+    cuda_ipc::IpcMemCache* cache = comm.ipcCache();
+    auto resolve = [&](size_t p, uint64_t ptr, const device::IpcHandle& h) -> uint8_t* {
+      if (ptr == 0) return nullptr;
+      if (p == ME || recs[p].proc == mine.proc) return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr));
+      return static_cast<uint8_t*>(cache->map(rt, recs[p].proc, h)) + h.offset;
+    };
+    std::vector<const uint8_t*> sendOf(N);
+    std::vector<uint8_t*> recvOf(N);
+    for (size_t p = 0; p < N; ++p) {
+      sendOf[p] = resolve(p, recs[p].sendPtr, recs[p].send);
+      recvOf[p] = resolve(p, recs[p].recvPtr, recs[p].recv);
+    }
+    auto* out = static_cast<uint8_t*>(a.recv);
+    const int divisor = a.op == ReduceOp::Avg ? n : 1;
+    std::vector<const void*> srcs(N);
+
+    // 3. The work.
+    switch (kind) {
+      case Coll::AllReduce:
+      case Coll::Reduce: {
+        const auto slices = planSegments(a.count, n);
+        const Segment& s = slices[ME];
+        uint8_t* dst = kind == Coll::AllReduce ? out : recvOf[static_cast<size_t>(a.root)];
+        if (s.count > 0) {
+          for (size_t p = 0; p < N; ++p) srcs[p] = sendOf[p] + s.offset * E;
+          rt.reduceAsync(dst + s.offset * E, srcs.data(), n, s.count, a.type, a.op, divisor, work);
+        }
+        drain();
+        barrier(ctx, ar, ++step);
+        if (kind == Coll::AllReduce) {
+          for (size_t p = 0; p < N; ++p) {
+            const Segment& t = slices[p];
+            if (p != ME && t.count > 0) rt.copyAsync(out + t.offset * E, recvOf[p] + t.offset * E, t.count * E, work);
+          }
+          drain();
+          barrier(ctx, ar, ++step);
+        }
+        break;
+      }
+      case Coll::ReduceScatter: {
+        for (size_t p = 0; p < N; ++p) srcs[p] = sendOf[p] + ME * a.count * E;
+        rt.reduceAsync(out, srcs.data(), n, a.count, a.type, a.op, divisor, work);
+        drain();
+        barrier(ctx, ar, ++step);
+        break;
+      }
+      case Coll::Broadcast: {
+        const uint8_t* from = sendOf[static_cast<size_t>(a.root)];
+        if (from != out) rt.copyAsync(out, from, a.count * E, work);
+        drain();
+        barrier(ctx, ar, ++step);
+        break;
+      }
+      case Coll::AllGather: {
+        const size_t block = a.count * E;
+        for (size_t p = 0; p < N; ++p)
+          if (sendOf[p] != out + p * block) rt.copyAsync(out + p * block, sendOf[p], block, work);
+        drain();
+        barrier(ctx, ar, ++step);
+        break;
+      }
+      case Coll::AllToAll: {
+        if (!a.counts) {
+          const size_t block = a.count * E;
+          for (size_t p = 0; p < N; ++p) rt.copyAsync(out + p * block, sendOf[p] + ME * block, block, work);
+        } else {
+          const auto& v = *a.counts;
+          for (size_t p = 0; p < N; ++p) {
+            const Record& r = recs[p];
+            const uint64_t theirCount = r.counts[ME], theirDispl = r.counts[N + ME];
+            if (r.nCounts != N || theirCount != v[2 * N + p]) {
+              fail(ctx,
+                   Status::error(ErrorCode::InvalidUsage,
+                                 strFormat("%s: rank %zu sends this rank %llu elements, but this rank expects "
+                                           "%zu from it: the ranks' counts do not match",
+                                           label.c_str(), p, static_cast<unsigned long long>(theirCount), v[2 * N + p]),
+                                 static_cast<int>(p), seq));
+            }
+            if (theirCount > 0) rt.copyAsync(out + v[3 * N + p] * E, sendOf[p] + theirDispl * E, theirCount * E, work);
+          }
+        }
+        drain();
+        barrier(ctx, ar, ++step);
+        break;
+      }
+    }
+  } catch (const Error&) {
+    // A rank that gives up mid-exchange must not leave its peers waiting at a barrier.
+    Status s = statusFromCurrentException();
+    if (!comm.failureState()->failed()) {
+      s.message = label + ": " + s.message;
+      comm.failureState()->fail(s);
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+bool deviceIpcUsable(const detail::CommImpl& c, Coll kind, bool varCounts) {
+  (void)kind;
+  if (c.size() == 1) return true;
+  if (varCounts && c.size() > kIpcMaxAllToAllvRanks) return false;
+  const LocalArena* ar = c.arena();
+  if (c.ipcCache() == nullptr || ar == nullptr || static_cast<int>(ar->ranks.size()) != c.size() ||
+      static_cast<int>(ar->deviceRecords.size()) != c.size())
+    return false;
+  for (int r = 0; r < c.size(); ++r)
+    if (r != c.rank() && c.transportOf(r) != "cuda_ipc") return false;
+  return true;
+}
+
+Work launchOnDeviceIpc(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig) {
+  device::DeviceRuntime* rt = device::runtime();
+  if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
+  rejectCapture(*rt, stream, c, collName(kind));
+  std::shared_ptr<DeviceState> st = stateOf(c, *rt);
+  device::EventHandle ready = rt->recordEvent(stream);
+  auto body = [&c, st, kind, a, sig, ready](int64_t seq) {
+    awaitInput(st->rt(), ready, a.device, c,
+               strFormat("the work queued on the stream before %s #%lld", collName(kind), static_cast<long long>(seq)));
+    runIpc(c, kind, a, sig, seq, *st);
+  };
+  return holdStream(*rt, st, stream, ready, [&] { return c.submit(collName(kind), body, sig); });
+}
+
+}  // namespace coll
+}  // namespace loom

@@ -1,0 +1,46 @@
+// CudaIpcTransport: first in the registry for ranks of one node when a CUDA device is usable.
+// Device buffers of the node's ranks are shared through CUDA IPC: each rank exports the handles
+// of its buffers for a collective (cudaIpcGetMemHandle of the allocation, plus the offset) in its
+// device record in the node's shared arena, and its peers map them (cudaIpcOpenMemHandle, cached
+// in an IpcMemCache, closed when the communicator goes) and read or write them in place with the
+// reduction and copy kernels (collectives/device_ipc.hpp). Ranks of one process use each other's
+// pointers directly. Several ranks may share one GPU: nothing here asks for distinct devices.
+//
+// Host bytes between the same ranks (host-buffer collectives, send/recv, the records'
+// synchronisation) go over shared memory: the transport runs a ShmTransport inside and hands its
+// connections and arena out as its own, so a pair linked by cuda_ipc has everything shm gives.
+// LOOM_TRANSPORT=^cuda_ipc leaves device buffers to the pinned host staging path instead.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "transport/cuda_ipc/ipc_mem_cache.hpp"
+#include "transport/shm/shm_transport.hpp"
+#include "transport/transport.hpp"
+
+namespace loom {
+namespace cuda_ipc {
+
+class CudaIpcTransport : public Transport {
+ public:
+  CudaIpcTransport() = default;
+  ~CudaIpcTransport() override;
+  const char* name() const override { return "cuda_ipc"; }
+  /// Peers the shared-memory transport reaches, when this process has a CUDA device.
+  bool reaches(const TransportContext& ctx, int peer) const override;
+  void publish(TransportContext& ctx) override { shm_.publish(ctx); }
+  std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
+  void stop() noexcept override { shm_.stop(); }
+  void attend(bool on) noexcept override { shm_.attend(on); }
+  void waiting(bool on) noexcept override { shm_.waiting(on); }
+  const LocalArena* arena() const override { return shm_.arena(); }
+  IpcMemCache* ipcCache() override { return &cache_; }
+
+ private:
+  shm::ShmTransport shm_;
+  IpcMemCache cache_;
+};
+
+}  // namespace cuda_ipc
+}  // namespace loom
