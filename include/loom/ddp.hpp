@@ -74,7 +74,8 @@ struct GradSyncOptions {
   /// (nullptr: the legacy default stream). markReady(i) is called once gradient i's kernel is
   /// queued on it; the all-reduces and the copies into and out of the buckets are ordered on it,
   /// and synchronize() returns once they are queued: work queued on the stream after it sees the
-  /// averaged gradients. Buckets are then device memory. Compression is host-only for now.
+  /// averaged gradients. Buckets are then device memory, and compression converts on the device
+  /// (a conversion kernel on the stream, the half-precision copy in device memory).
   void* cudaStream = nullptr;
 };
 

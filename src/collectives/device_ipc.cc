@@ -25,6 +25,8 @@ struct Record {
   uint64_t sig = 0;
   uint64_t bytes = 0;  // count × element size (0 for all-to-all-v, whose counts follow)
   cuda_ipc::ProcessId proc;
+  int32_t device = 0;  // the rank's GPU, as its process numbers them
+  uint32_t pad0 = 0;
   uint64_t sendPtr = 0, recvPtr = 0;  // as the rank's process sees them; 0: not shared
   device::IpcHandle send, recv;
   uint32_t nCounts = 0;  // all-to-all-v: the rank's send counts, then its send displacements
@@ -84,6 +86,7 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
     mine.sig = sig;
     mine.bytes = a.count * E;
     mine.proc = cuda_ipc::thisProcess();
+    mine.device = a.device;
     auto share = [&](const void* p, uint64_t* ptr, device::IpcHandle* h) {
       if (p == nullptr) return;
       *ptr = reinterpret_cast<uintptr_t>(p);
@@ -129,7 +132,11 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
     cuda_ipc::IpcMemCache* cache = comm.ipcCache();
     auto resolve = [&](size_t p, uint64_t ptr, const device::IpcHandle& h) -> uint8_t* {
       if (ptr == 0) return nullptr;
-      if (p == ME || recs[p].proc == mine.proc) return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr));
+      if (p == ME) return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr));
+      if (recs[p].proc == mine.proc) {  // a rank of this process: its pointer as it is
+        if (recs[p].device != a.device) rt.enablePeerAccess(recs[p].device);
+        return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr));
+      }
       return static_cast<uint8_t*>(cache->map(rt, recs[p].proc, h)) + h.offset;
     };
     std::vector<const uint8_t*> sendOf(N);

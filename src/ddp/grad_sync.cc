@@ -25,7 +25,8 @@ struct GradSync::Impl {
     size_t count = 0;            // elements in `flat`
     std::vector<uint8_t> flat;   // the packed gradients, end to end (host gradients)
     uint8_t* mem = nullptr;      // where they are: flat's data, or device memory (device gradients)
-    std::vector<uint16_t> wire;  // compressed copy sent instead (Compression)
+    std::vector<uint16_t> wire;  // compressed copy sent instead (Compression; host gradients)
+    uint8_t* wireDev = nullptr;  // the same in device memory (device gradients)
     size_t pending = 0;          // gradients not yet ready this step
     size_t directStarted = 0;    // `direct` gradients whose all-reduce has started this step
     bool started = false;        // all of it started (the packed gradients last)
@@ -54,7 +55,10 @@ struct GradSync::Impl {
       rt->synchronize(stream);  // copies into and out of the buckets may still be queued
     } catch (...) {
     }
-    for (auto& b : buckets) rt->freeDevice(b.mem);
+    for (auto& b : buckets) {
+      rt->freeDevice(b.mem);
+      rt->freeDevice(b.wireDev);
+    }
   }
   // A copy between a gradient and its bucket: on the stream for device gradients.
   void copy(void* dst, const void* src, size_t bytes) {
@@ -151,10 +155,6 @@ void GradSync::Impl::validate() {
     if (where == -1) {
       LOOM_THROW(ErrorCode::InvalidArgument, comm.rank(),
                  "GradSync: a CUDA stream was given with host parameters: pass no stream for host parameters");
-    }
-    if (options.compression != Compression::None) {
-      LOOM_THROW(ErrorCode::InvalidArgument, comm.rank(),
-                 "GradSync: compression of device gradients is not supported yet: use Compression::None");
     }
   }
 }
@@ -260,7 +260,11 @@ void GradSync::Impl::build() {
       k.flat.assign(k.count * sizeOf(k.type), 0);
       k.mem = k.flat.data();
     }
-    if (compressed(k)) k.wire.resize(k.count);
+    if (compressed(k) && rt != nullptr) {
+      k.wireDev = static_cast<uint8_t*>(rt->allocDevice(k.count * 2));
+    } else if (compressed(k)) {
+      k.wire.resize(k.count);
+    }
   }
   ready.assign(params.size(), false);
   resetStep();
@@ -297,12 +301,17 @@ void GradSync::Impl::startPacked(Bucket& b) {
     if (compressed(b)) {
       // Divided by the world size first, so that the half-precision sum does not overflow.
       const float scale = 1.0f / static_cast<float>(comm.size());
-      const float* g = reinterpret_cast<const float*>(b.mem);
       const bool bf16 = options.compression == Compression::Bfloat16;
-      for (size_t e = 0; e < b.count; ++e)
-        b.wire[e] = bf16 ? kernels::floatToBf16(g[e] * scale) : kernels::floatToFp16(g[e] * scale);
-      b.works.push_back(comm.iallReduce(b.wire.data(), b.wire.data(), b.count,
-                                        bf16 ? DataType::Bfloat16 : DataType::Float16, ReduceOp::Sum));
+      const DataType half = bf16 ? DataType::Bfloat16 : DataType::Float16;
+      if (rt != nullptr) {  // on the device, ordered on the stream like the rest
+        rt->convertAsync(b.wireDev, half, b.mem, DataType::Float32, b.count, scale, stream);
+        b.works.push_back(comm.iallReduce(b.wireDev, b.wireDev, b.count, half, ReduceOp::Sum, stream));
+      } else {
+        const float* g = reinterpret_cast<const float*>(b.mem);
+        for (size_t e = 0; e < b.count; ++e)
+          b.wire[e] = bf16 ? kernels::floatToBf16(g[e] * scale) : kernels::floatToFp16(g[e] * scale);
+        b.works.push_back(comm.iallReduce(b.wire.data(), b.wire.data(), b.count, half, ReduceOp::Sum));
+      }
     } else {
       b.works.push_back(comm.iallReduce(b.mem, b.mem, b.count, b.type, ReduceOp::Avg, stream));
     }
@@ -315,10 +324,15 @@ void GradSync::Impl::finish(Bucket& b) {
   if (rt == nullptr) waitAll(b.works);
   if (b.count == 0) return;
   if (compressed(b)) {
-    float* g = reinterpret_cast<float*>(b.mem);
     const bool bf16 = options.compression == Compression::Bfloat16;
-    for (size_t e = 0; e < b.count; ++e)
-      g[e] = bf16 ? kernels::bf16ToFloat(b.wire[e]) : kernels::fp16ToFloat(b.wire[e]);
+    if (rt != nullptr) {
+      rt->convertAsync(b.mem, DataType::Float32, b.wireDev, bf16 ? DataType::Bfloat16 : DataType::Float16, b.count,
+                       1.0f, stream);
+    } else {
+      float* g = reinterpret_cast<float*>(b.mem);
+      for (size_t e = 0; e < b.count; ++e)
+        g[e] = bf16 ? kernels::bf16ToFloat(b.wire[e]) : kernels::fp16ToFloat(b.wire[e]);
+    }
   }
   if (!options.gradientAsBucketView) {
     const size_t elem = sizeOf(b.type);

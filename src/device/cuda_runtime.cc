@@ -169,6 +169,11 @@ class CudaRuntime final : public DeviceRuntime {
     }
   }
 
+  void convertAsync(void* dst, DataType dstType, const void* src, DataType srcType, size_t count, float scale,
+                    StreamHandle s) override {
+    kernels::cuda::convert(dst, dstType, src, srcType, count, scale, s);
+  }
+
   IpcHandle ipcExport(const void* p) override {
     static auto range = reinterpret_cast<AddressRangeFn>(driverFunction("cuMemGetAddressRange", 3020));
     if (range == nullptr) LOOM_THROW(ErrorCode::Cuda, -1, "the CUDA driver has no cuMemGetAddressRange");
@@ -212,6 +217,21 @@ class CudaRuntime final : public DeviceRuntime {
   }
   void ipcClose(void* base) noexcept override {
     if (base != nullptr) (void)cudaIpcCloseMemHandle(base);
+  }
+  void enablePeerAccess(int peer) override {
+    if (peer == currentDevice()) return;
+    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      LOOM_THROW(ErrorCode::Cuda, -1,
+                 strFormat("cudaDeviceEnablePeerAccess(%d) failed: %s (%s); the GPUs cannot reach each other's "
+                           "memory: LOOM_TRANSPORT=^cuda_ipc stages through host memory instead",
+                           peer, cudaGetErrorString(e), cudaGetErrorName(e)));
+    }
   }
 
  private:

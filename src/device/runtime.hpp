@@ -82,6 +82,11 @@ class DeviceRuntime {
   virtual void reduceAsync(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op,
                            int divisor, StreamHandle s) = 0;
 
+  /// Queues dst[i] = src[i] * scale converted between float32 and float16 or bfloat16 (either
+  /// way; rounded to nearest even): gradient compression on the device.
+  virtual void convertAsync(void* dst, DataType dstType, const void* src, DataType srcType, size_t count, float scale,
+                            StreamHandle s) = 0;
+
   /// The handle another process opens to reach the device memory at `p` (cudaIpcGetMemHandle of
   /// the allocation holding it). Throws for memory that cannot be shared (e.g. stream-ordered pools).
   virtual IpcHandle ipcExport(const void* p) = 0;
@@ -90,6 +95,9 @@ class DeviceRuntime {
   virtual void* ipcOpen(const IpcHandle& h) = 0;
   /// Unmaps what ipcOpen returned.
   virtual void ipcClose(void* base) noexcept = 0;
+  /// Lets kernels on the current device use memory of `peer` (another device) by its pointers, as
+  /// ranks of one process on two GPUs do. Idempotent; throws where the devices cannot.
+  virtual void enablePeerAccess(int peer) = 0;
 };
 
 /// The runtime in use: a test's (setRuntimeForTesting), else CUDA's where Loom is built with CUDA

@@ -233,6 +233,14 @@ __global__ void copy2DKernel(uint8_t* dst, size_t dstPitch, const uint8_t* src, 
   }
 }
 
+// dst[i] = convert(src[i] * scale), through float32 (the halves' conversions round to nearest even).
+template <typename D, typename S>
+__global__ void convertKernel(D* dst, const S* src, size_t count, float scale) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count; i += stride)
+    dst[i] = Acc<D>::out(Acc<S>::in(src[i]) * scale);
+}
+
 __global__ void spinWaitKernel(const volatile uint32_t* flag, uint32_t value) {
   while (static_cast<int32_t>(*flag - value) < 0) __nanosleep(1000);
 }
@@ -359,6 +367,24 @@ void copy2D(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t
   copy2DKernel<<<gridFor(units * rows), 512, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<uint8_t*>(dst), dstPitch, static_cast<const uint8_t*>(src), srcPitch, width, rows, split);
   check(cudaGetLastError(), "copy kernel launch");
+}
+
+void convert(void* dst, DataType dstType, const void* src, DataType srcType, size_t count, float scale, void* stream) {
+  if (count == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  const unsigned grid = gridFor(count);
+  if (srcType == DataType::Float32 && dstType == DataType::Float16) {
+    convertKernel<<<grid, 512, 0, s>>>(static_cast<__half*>(dst), static_cast<const float*>(src), count, scale);
+  } else if (srcType == DataType::Float32 && dstType == DataType::Bfloat16) {
+    convertKernel<<<grid, 512, 0, s>>>(static_cast<__nv_bfloat16*>(dst), static_cast<const float*>(src), count, scale);
+  } else if (srcType == DataType::Float16 && dstType == DataType::Float32) {
+    convertKernel<<<grid, 512, 0, s>>>(static_cast<float*>(dst), static_cast<const __half*>(src), count, scale);
+  } else if (srcType == DataType::Bfloat16 && dstType == DataType::Float32) {
+    convertKernel<<<grid, 512, 0, s>>>(static_cast<float*>(dst), static_cast<const __nv_bfloat16*>(src), count, scale);
+  } else {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, "convert kernel: only float32 to or from float16 or bfloat16");
+  }
+  check(cudaGetLastError(), "convert kernel launch");
 }
 
 void spinWait(const volatile uint32_t* flag, uint32_t value, void* stream) {

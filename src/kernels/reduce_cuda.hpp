@@ -33,6 +33,10 @@ void reduceN(void* dst, const void* const* srcs, int n, size_t count, DataType t
 /// Copies `rows` rows of `width` bytes, `srcPitch` and `dstPitch` bytes apart (one row: a plain copy).
 void copy2D(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows, void* stream);
 
+/// dst[i] = src[i] * scale converted: float32 to float16 or bfloat16 (rounded to nearest even),
+/// or back. Other pairs throw InvalidArgument.
+void convert(void* dst, DataType dstType, const void* src, DataType srcType, size_t count, float scale, void* stream);
+
 /// Holds `stream` until (int32_t)(*flag - value) >= 0; `flag` is a device-visible address of host
 /// memory the host stores to. The fallback of stream memory operations (device/cuda_runtime.cc).
 void spinWait(const volatile uint32_t* flag, uint32_t value, void* stream);

@@ -136,6 +136,29 @@ void FakeDevice::reduceAsync(void* dst, const void* const* srcs, int n, size_t c
   });
 }
 
+void FakeDevice::convertAsync(void* dst, loom::DataType dstType, const void* src, loom::DataType srcType, size_t count,
+                              float scale, loom::device::StreamHandle s) {
+  using loom::DataType;
+  const bool toHalf = srcType == DataType::Float32 && (dstType == DataType::Float16 || dstType == DataType::Bfloat16);
+  const bool fromHalf = dstType == DataType::Float32 && (srcType == DataType::Float16 || srcType == DataType::Bfloat16);
+  if (!toHalf && !fromHalf) {
+    errno = EINVAL;
+    fail("convertAsync between other types than float32 and a half");
+  }
+  enqueue(s, [=] {
+    namespace k = loom::kernels;
+    for (size_t i = 0; i < count; ++i) {
+      if (toHalf) {
+        const float v = static_cast<const float*>(src)[i] * scale;
+        static_cast<uint16_t*>(dst)[i] = dstType == DataType::Float16 ? k::floatToFp16(v) : k::floatToBf16(v);
+      } else {
+        const uint16_t h = static_cast<const uint16_t*>(src)[i];
+        static_cast<float*>(dst)[i] = (srcType == DataType::Float16 ? k::fp16ToFloat(h) : k::bf16ToFloat(h)) * scale;
+      }
+    }
+  });
+}
+
 loom::device::IpcHandle FakeDevice::ipcExport(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mu_);

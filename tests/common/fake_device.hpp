@@ -69,11 +69,14 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   std::string waitMechanism() override { return "emulated"; }
   void reduceAsync(void* dst, const void* const* srcs, int n, size_t count, loom::DataType type, loom::ReduceOp op,
                    int divisor, loom::device::StreamHandle s) override;
+  void convertAsync(void* dst, loom::DataType dstType, const void* src, loom::DataType srcType, size_t count,
+                    float scale, loom::device::StreamHandle s) override;
   /// Handles name the allocation's memfd in the exporting process: another process maps it
   /// through /proc/<pid>/fd, so that CUDA IPC's cross-process path runs for real.
   loom::device::IpcHandle ipcExport(const void* p) override;
   void* ipcOpen(const loom::device::IpcHandle& h) override;
   void ipcClose(void* base) noexcept override;
+  void enablePeerAccess(int) override {}
 
  private:
   struct Stream {

@@ -167,4 +167,36 @@ TEST(GpuKernels, StridedCopyMovesEveryRow) {
     }
 }
 
+// The compression kernel: float32 to float16 / bfloat16 with a scale, bit for bit as the CPU's
+// round-to-nearest-even conversion, and back exactly.
+TEST(GpuKernels, ConversionMatchesTheCpu) {
+  LOOM_REQUIRE_GPU();
+  const size_t count = 100003;
+  std::vector<float> in(count);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> d(-1000.0f, 1000.0f);
+  for (auto& x : in) x = d(rng);
+  for (DataType half : {DataType::Float16, DataType::Bfloat16}) {
+    void *df = nullptr, *dh = nullptr, *back = nullptr;
+    LOOM_CUDA_OK(cudaMalloc(&df, count * 4));
+    LOOM_CUDA_OK(cudaMalloc(&dh, count * 2));
+    LOOM_CUDA_OK(cudaMalloc(&back, count * 4));
+    LOOM_CUDA_OK(cudaMemcpy(df, in.data(), count * 4, cudaMemcpyHostToDevice));
+    k::cuda::convert(dh, half, df, DataType::Float32, count, 0.25f, nullptr);
+    k::cuda::convert(back, DataType::Float32, dh, half, count, 1.0f, nullptr);
+    LOOM_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint16_t> h(count);
+    std::vector<float> f(count);
+    LOOM_CUDA_OK(cudaMemcpy(h.data(), dh, count * 2, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_OK(cudaMemcpy(f.data(), back, count * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) {
+      const float x = in[i] * 0.25f;
+      const uint16_t want = half == DataType::Float16 ? k::floatToFp16(x) : k::floatToBf16(x);
+      ASSERT_EQ(h[i], want) << "element " << i << " (" << x << ")";
+      ASSERT_EQ(f[i], half == DataType::Float16 ? k::fp16ToFloat(want) : k::bf16ToFloat(want)) << "element " << i;
+    }
+    (void)cudaFree(df), (void)cudaFree(dh), (void)cudaFree(back);
+  }
+}
+
 }  // namespace
