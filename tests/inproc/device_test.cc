@@ -408,6 +408,27 @@ TEST(DeviceStaged, SendAndReceiveOnTheStream) {
 
 // ---- The data-parallel layer on device gradients. ----
 
+// A model's parameters and gradients in (emulated) device memory, freed with it; the data of
+// parameter k on rank r is r * 10 + k.
+struct DeviceModel {
+  DeviceModel(FakeDeviceScope& d, const std::vector<size_t>& sizes, int rank) : device(d) {
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      data.push_back(static_cast<float*>(device.alloc(sizes[k] * 4)));
+      grad.push_back(static_cast<float*>(device.alloc(sizes[k] * 4)));
+      for (size_t i = 0; i < sizes[k]; ++i) data[k][i] = static_cast<float>(rank * 10 + static_cast<int>(k));
+      params.push_back({data[k], grad[k], sizes[k], DataType::Float32, "p" + std::to_string(k)});
+    }
+  }
+  ~DeviceModel() {
+    for (size_t k = 0; k < data.size(); ++k) device.free(data[k]), device.free(grad[k]);
+  }
+  DeviceModel(const DeviceModel&) = delete;
+  DeviceModel& operator=(const DeviceModel&) = delete;
+  FakeDeviceScope& device;
+  std::vector<float*> data, grad;
+  std::vector<loom::ddp::Parameter> params;
+};
+
 // Parameters and gradients in device memory, the backward pass's stream given: after
 // synchronize() (and the stream), every gradient is the average over the ranks, exactly (small
 // integers in float32); the parameters start as rank 0's. Packed into device buckets, all in
@@ -420,14 +441,9 @@ TEST_P(DevicePath, GradSyncAveragesDeviceGradientsOnTheStream) {
     loomtest::runOk(3, [&](loom::Communicator& c) {
       const int r = c.rank();
       void* s = device.stream(r);
-      std::vector<float*> data, grad;
-      std::vector<loom::ddp::Parameter> params;
-      for (size_t k = 0; k < sizes.size(); ++k) {
-        data.push_back(static_cast<float*>(device.alloc(sizes[k] * 4)));
-        grad.push_back(static_cast<float*>(device.alloc(sizes[k] * 4)));
-        for (size_t i = 0; i < sizes[k]; ++i) data[k][i] = static_cast<float>(r * 10 + k);
-        params.push_back({data[k], grad[k], sizes[k], DataType::Float32, "p" + std::to_string(k)});
-      }
+      DeviceModel model(device, sizes, r);
+      auto& data = model.data;
+      auto& params = model.params;
       loom::ddp::GradSyncOptions o;
       o.cudaStream = s;
       o.firstBucketCapBytes = 64;
@@ -455,7 +471,6 @@ TEST_P(DevicePath, GradSyncAveragesDeviceGradientsOnTheStream) {
                 << mode << " step " << step << " parameter " << k << " element " << i << " rank " << r;
         }
       }
-      for (size_t k = 0; k < sizes.size(); ++k) device.free(data[k]), device.free(grad[k]);
     });
   }
   EXPECT_EQ(device.dev.stuckWaits(), 0);
@@ -491,18 +506,13 @@ TEST_P(DevicePath, GradSyncCompressesDeviceGradients) {
     loomtest::runOk(3, [&](loom::Communicator& c) {
       const int r = c.rank();
       void* s = device.stream(r);
-      std::vector<float*> data, grad;
-      std::vector<loom::ddp::Parameter> params;
-      for (size_t k = 0; k < sizes.size(); ++k) {
-        data.push_back(static_cast<float*>(device.alloc(sizes[k] * 4)));
-        grad.push_back(static_cast<float*>(device.alloc(sizes[k] * 4)));
-        params.push_back({data[k], grad[k], sizes[k], DataType::Float32, "p" + std::to_string(k)});
-      }
+      DeviceModel model(device, sizes, r);
+      auto& grad = model.grad;
       loom::ddp::GradSyncOptions o;
       o.cudaStream = s;
       o.compression = comp;
       o.bucketCapBytes = 8192;
-      loom::ddp::GradSync sync(c, params, o);
+      loom::ddp::GradSync sync(c, model.params, o);
       for (int step = 0; step < 2; ++step) {
         for (size_t k = sizes.size(); k-- > 0;) {
           float* g = grad[k];
@@ -524,7 +534,6 @@ TEST_P(DevicePath, GradSyncCompressesDeviceGradients) {
           }
         EXPECT_GT(rounded, 0u) << "the gradients were not compressed";
       }
-      for (size_t k = 0; k < sizes.size(); ++k) device.free(data[k]), device.free(grad[k]);
     });
   }
   EXPECT_EQ(device.dev.stuckWaits(), 0);
