@@ -17,6 +17,7 @@ namespace {
 struct FlagPool {
   std::mutex mu;
   std::map<device::DeviceRuntime*, std::vector<volatile uint32_t*>> freeByRuntime;
+  std::vector<void*> pages;  // every page handed out, so that it stays reachable (leak checkers)
   static FlagPool& get() {
     static auto* p = new FlagPool();  // process lifetime, like the flags
     return *p;
@@ -27,6 +28,7 @@ struct FlagPool {
     if (free.empty()) {
       constexpr size_t kPerPage = 64;  // one cache line apart each
       auto* page = static_cast<uint32_t*>(rt.allocPinned(kPerPage * 64));
+      pages.push_back(page);
       for (size_t i = 0; i < kPerPage; ++i) free.push_back(page + i * 16);
     }
     volatile uint32_t* f = free.back();
