@@ -26,6 +26,7 @@ export ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=0"
 export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitizers/lsan.supp"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/sanitizers/tsan.supp"
 export LOOM_SOAK_OPS=300
+export LOOM_TEST_TIMEOUT=90  # in-process tests' collective deadline: sanitized builds run several times slower
 export LOOMRUN="$dir/tools/loomrun" LOOM_INFO="$dir/tools/loom-info" LOOM_TEST_WORKER="$dir/tests/multiproc/loom_mp_worker"
 export LOOM_DEVICE_WORKER="$dir/tests/multiproc/loom_device_worker"
 export LOOM_EXAMPLE="$dir/examples/sendrecv_tensor" LOOM_RECOVER_EXAMPLE="$dir/examples/recover_after_failure"

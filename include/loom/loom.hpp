@@ -288,7 +288,7 @@ class Communicator {
   /// completes when every one has (failing with the first error): an exchange that deadlocks as
   /// separate blocking calls (each rank sending to the next, then receiving from the previous)
   /// does not here. One call's buffers are all host memory or all device memory; device buffers
-  /// are ordered on `cudaStream`. Work::bytes() is the total received (host buffers).
+  /// are ordered on `cudaStream`. Work::bytes() is the total received.
   Work igroup(const std::vector<PointToPoint>& ops, void* cudaStream = nullptr);
 
   template <typename T>

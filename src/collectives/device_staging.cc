@@ -260,9 +260,14 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
                           : c.irecv(h + at[i], op.count, op.type, op.peer, op.tag);
       }
     for (auto& r : reqs) r->wait();
+    size_t received = 0;
     for (size_t i = 0; i < ops.size(); ++i)
-      if (!ops[i].send) rt.copyAsync(ops[i].buf, h + at[i], reqs[i]->bytes(), cs.h2d);
+      if (!ops[i].send) {
+        rt.copyAsync(ops[i].buf, h + at[i], reqs[i]->bytes(), cs.h2d);
+        received += reqs[i]->bytes();
+      }
     settle(cs.h2d, "a staged copy to the device");
+    return received;
   };
   return holdStream(*rt, st, stream, ready, [&] { return c.submitUnnumbered(what, body); });
 }

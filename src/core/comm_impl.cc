@@ -411,13 +411,14 @@ RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)
   return done;
 }
 
-RequestPtr CommImpl::submitUnnumbered(const std::string& what, std::function<void()> body) {
+RequestPtr CommImpl::submitUnnumbered(const std::string& what, std::function<size_t()> body) {
   checkOk();
   auto done = std::make_shared<Request>(rank_, -1, what, timeout_, failure_);
   done->setQueue(progress_);
-  queue_->submit(done, [this, body = std::move(body)] {
+  Request* d = done.get();  // the queue's item holds `done` while this runs
+  queue_->submit(done, [this, d, body = std::move(body)] {
     AttendScope attend(progress_);
-    body();
+    d->complete(body());  // before the queue's own completion (with 0), which is then a no-op
   });
   return done;
 }

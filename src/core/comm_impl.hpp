@@ -70,8 +70,9 @@ class CommImpl : public Progressable {
   /// collectives (a device collective's staged chunks); the body runs the others with runRecorded.
   RequestPtr submit(const std::string& what, std::function<void(int64_t seq)> body, uint64_t sig = 0, int64_t seqs = 1);
   /// Queues `body` behind the collectives called before it, without a sequence number: for device
-  /// point-to-point, which not every rank takes part in, so it must not number calls.
-  RequestPtr submitUnnumbered(const std::string& what, std::function<void()> body);
+  /// point-to-point, which not every rank takes part in, so it must not number calls. The request
+  /// completes with the bytes `body` returns.
+  RequestPtr submitUnnumbered(const std::string& what, std::function<size_t()> body);
   /// Runs a collective and waits for it (inline when the queue is idle).
   void run(const std::string& what, const std::function<void(int64_t seq)>& body, uint64_t sig = 0);
   void barrierBody(int64_t seq);

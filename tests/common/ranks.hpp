@@ -95,8 +95,13 @@ inline std::vector<RankResult> runRanks(int n, const std::function<void(loom::Co
                                         loom::Options options = {},
                                         std::chrono::seconds limit = std::chrono::seconds(90),
                                         const loom::UniqueId* givenId = nullptr) {
-  if (options.timeout.count() == 0) options.timeout = std::chrono::seconds(30);
-  if (options.initTimeout.count() == 0) options.initTimeout = std::chrono::seconds(30);
+  // Waits time out after 30 s, or LOOM_TEST_TIMEOUT seconds (the sanitizer runs, several times
+  // slower on a loaded 2-core machine, set 90); the test's own limit stays beyond that.
+  const char* scaled = std::getenv("LOOM_TEST_TIMEOUT");
+  const std::chrono::seconds waits(scaled != nullptr && std::atoi(scaled) > 0 ? std::atoi(scaled) : 30);
+  if (options.timeout.count() == 0) options.timeout = waits;
+  if (options.initTimeout.count() == 0) options.initTimeout = waits;
+  if (limit < waits + std::chrono::seconds(60)) limit = waits + std::chrono::seconds(60);
   loom::UniqueId id = givenId != nullptr ? *givenId : loom::UniqueId::create();
   std::vector<RankResult> results(static_cast<size_t>(n));
   std::vector<loom::Communicator*> live(static_cast<size_t>(n), nullptr);

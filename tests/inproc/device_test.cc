@@ -388,6 +388,7 @@ TEST(DeviceStaged, SendAndReceiveOnTheStream) {
         {{true, out, count, DataType::Int32, (r + 1) % n, 5}, {false, in, count, DataType::Int32, (r + n - 1) % n, 5}},
         s);
     w.wait();
+    EXPECT_EQ(w.bytes(), count * 4) << "the group's Work counts the bytes received";
     device.dev.synchronize(s);
     const int from = (r + n - 1) % n;
     for (size_t i = 0; i < count; ++i)
