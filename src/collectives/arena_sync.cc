@@ -25,10 +25,6 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
   const auto& comm = c.comm();
   const auto deadline = Clock::now() + comm.timeout();
   const int pauses = detail::pauseSpinsBeforeYield().load(std::memory_order_relaxed);
-  // Polls yield the core; after LOOM_SPIN_WAIT_US without the step, they sleep in between: a
-  // wait that long is on a peer's work (its device kernels, a late call), which the spinning
-  // would only slow down where ranks outnumber cores.
-  const auto spinUntil = Clock::now() + detail::spinWaitTime();
   for (size_t p = 0; p < ar.steps.size(); ++p) {
     if (static_cast<int>(p) == ar.me) continue;
     for (unsigned spins = 0; ar.steps[p]->load(std::memory_order_acquire) < target; ++spins) {
@@ -38,11 +34,7 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
 #endif
         continue;
       }
-      if (Clock::now() < spinUntil) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      std::this_thread::yield();
       if ((spins & 255) != 0) continue;
       c.check();  // answers a dump request (loom-info --dump, a timed-out peer) now and then
       if (comm.failureState()->failed()) throw comm.failureState()->first().toError(comm.rank());

@@ -77,8 +77,6 @@ std::atomic<int>& pauseSpinsBeforeYield() {
   return spins;
 }
 
-std::chrono::microseconds spinWaitTime() { return std::chrono::microseconds(std::max<int64_t>(0, spinBudgetUs())); }
-
 void noteRanksOnThisMachine(int ranks) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (ranks > cores) pauseSpinsBeforeYield().store(kPauseSpinsCrowded);

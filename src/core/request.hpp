@@ -137,8 +137,6 @@ std::atomic<int>& pauseSpinsBeforeYield();
 /// network namespaces or containers): more than the cores here
 /// switches this process's waiters to yielding early.
 void noteRanksOnThisMachine(int ranks);
-/// LOOM_SPIN_WAIT_US: how long a waiter polls without progress before it sleeps between polls.
-std::chrono::microseconds spinWaitTime();
 
 /// Marks the calling thread as attending `hook`'s communicator for its lifetime (a collective
 /// running on it: it polls the connections itself, so transports need not wake their progress
