@@ -264,8 +264,9 @@ class Communicator {
   /// One line on that link for logs and tools (transport, rings or sockets, copy path).
   std::string describeLink(int peer) const;
   /// The algorithm this communicator runs for `collective` ("all_reduce", "broadcast", "reduce",
-  /// "all_gather", "reduce_scatter", "all_to_all") moving `bytes` in all: "ring", "rd", "tree",
-  /// "chain", "dbtree", "pairwise" or "hier" (node-aware). What the cost model and LOOM_ALGO pick.
+  /// "all_gather", "reduce_scatter", "all_to_all") moving `bytes` in all: "ring", "rd", "hd",
+  /// "tree", "chain", "dbtree", "pairwise", "hier" (node-aware) or "direct" (one node, through
+  /// shared memory). What the cost model and LOOM_ALGO pick.
   std::string algorithmFor(const std::string& collective, size_t bytes) const;
   /// The communicator's name (Options::name).
   const std::string& name() const;

@@ -75,6 +75,7 @@ void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int6
       if (algo == Algo::Hierarchical) return coll::allReduceHierarchical(ctx, a);
       if (algo == Algo::Direct) return coll::allReduceDirect(ctx, a);
       if (algo == Algo::RecursiveDoubling) return coll::allReduceRecursiveDoubling(ctx, a);
+      if (algo == Algo::HalvingDoubling) return coll::allReduceHalvingDoubling(ctx, a);
       if (algo == Algo::DoubleTree) return coll::allReduceDoubleTree(ctx, a);
       return coll::allReduceRing(ctx, a);
     case Coll::Broadcast:

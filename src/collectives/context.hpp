@@ -124,6 +124,9 @@ void allGatherRing(Context& c, const Args& a);
 void reduceScatterRing(Context& c, const Args& a);
 // recursive_doubling.cc: log2(n) exchanges of the whole buffer; for latency-bound sizes.
 void allReduceRecursiveDoubling(Context& c, const Args& a);
+// halving_doubling.cc: reduce-scatter by recursive halving, all-gather by recursive doubling
+// (Rabenseifner): the ring's bandwidth in 2 log2(n) steps; for medium sizes.
+void allReduceHalvingDoubling(Context& c, const Args& a);
 // double_tree.cc: two complementary binary trees, each reducing and broadcasting half, pipelined.
 void allReduceDoubleTree(Context& c, const Args& a);
 // binomial.cc: pipelined binomial-tree broadcast and reduce.

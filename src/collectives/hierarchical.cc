@@ -60,6 +60,7 @@ void runBroadcast(Context& g, const Args& a, Algo algo) {
 void runAllReduce(Context& g, const Args& a, Algo algo) {
   if (g.size() == 1) return copyIfDistinct(a.recv, a.send, a.count * a.elem);
   if (algo == Algo::RecursiveDoubling) return allReduceRecursiveDoubling(g, a);
+  if (algo == Algo::HalvingDoubling) return allReduceHalvingDoubling(g, a);
   if (algo == Algo::DoubleTree) return allReduceDoubleTree(g, a);
   allReduceRing(g, a);
 }

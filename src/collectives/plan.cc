@@ -107,6 +107,90 @@ DoublingPlan planRecursiveDoubling(int rank, int size) {
 
 namespace {
 
+// Halving-doubling over the p active ranks, numbered v = 0..p-1 (the "new ranks" of the fold).
+// Step k pairs v with v ^ 2^k; the range both hold is split at its middle, and the rank whose bit
+// k is clear keeps the lower half.
+struct Halves {
+  Segment keep, give;
+};
+Halves halvesAt(int v, int step, size_t count) {
+  Segment r{0, count};
+  Halves h{r, r};
+  for (int k = 0; k <= step; ++k) {
+    Segment lo{r.offset, r.count / 2}, hi{r.offset + r.count / 2, r.count - r.count / 2};
+    const bool lower = (v & (1 << k)) == 0;
+    h = {lower ? lo : hi, lower ? hi : lo};
+    r = h.keep;
+  }
+  return h;
+}
+
+void appendChunks(std::vector<Segment>& to, const Segment& seg, size_t chunk) {
+  for (const auto& c : planChunks(seg, chunk)) to.push_back(c);
+}
+
+// The reduce-scatter receives of virtual rank v at `step`: the next step's give first.
+std::vector<Segment> rsRecvOf(int v, int step, int steps, size_t count, size_t chunk) {
+  std::vector<Segment> out;
+  if (step + 1 < steps) {
+    Halves next = halvesAt(v, step + 1, count);
+    appendChunks(out, next.give, chunk);
+    appendChunks(out, next.keep, chunk);
+  } else {
+    appendChunks(out, halvesAt(v, step, count).keep, chunk);
+  }
+  return out;
+}
+
+// The all-gather sends of virtual rank v at `step`: the next step's keep, then what the next
+// step's all-gather receives, in the order it arrives.
+std::vector<Segment> agSendOf(int v, int step, int steps, size_t count, size_t chunk) {
+  std::vector<Segment> out;
+  if (step + 1 == steps) {
+    appendChunks(out, halvesAt(v, step, count).keep, chunk);
+    return out;
+  }
+  appendChunks(out, halvesAt(v, step + 1, count).keep, chunk);
+  auto tail = agSendOf(v ^ (1 << (step + 1)), step + 1, steps, count, chunk);
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
+}  // namespace
+
+HalvingPlan planHalvingDoubling(int rank, int size, size_t count, size_t chunk) {
+  HalvingPlan plan;
+  DoublingPlan d = planRecursiveDoubling(rank, size);
+  plan.foldTo = d.foldTo;
+  plan.foldFrom = d.foldFrom;
+  if (d.foldTo >= 0) return plan;
+  plan.owned = {0, count};
+  const int steps = static_cast<int>(d.partners.size());
+  int p = 1;
+  while (p * 2 <= size) p *= 2;
+  const int rem = size - p;
+  const int v = rank < 2 * rem ? rank / 2 : rank - rem;
+  for (int k = 0; k < steps; ++k) {
+    HalvingStep s;
+    s.partner = d.partners[static_cast<size_t>(k)];
+    const int pv = v ^ (1 << k);
+    Halves h = halvesAt(v, k, count);
+    s.keep = h.keep;
+    s.give = h.give;
+    s.rsRecv = rsRecvOf(v, k, steps, count, chunk);
+    s.rsSend = rsRecvOf(pv, k, steps, count, chunk);
+    s.rsEarly = k + 1 < steps ? planChunks(halvesAt(v, k + 1, count).give, chunk).size() : 0;
+    s.agSend = agSendOf(v, k, steps, count, chunk);
+    s.agRecv = agSendOf(pv, k, steps, count, chunk);
+    s.agEarly = k + 1 < steps ? planChunks(halvesAt(v, k + 1, count).keep, chunk).size() : s.agSend.size();
+    plan.owned = h.keep;
+    plan.steps.push_back(std::move(s));
+  }
+  return plan;
+}
+
+namespace {
+
 // The in-order tree over 1-based positions 1..n: position p with lowest set bit b has children
 // p - b/2 and p + b/2 (the right one moved closer when p + b/2 is past n) and its natural parent
 // is p - b or p + b, whichever has bit 2b set. Leaves are the odd positions (even ranks).

@@ -78,6 +78,35 @@ struct DoublingPlan {
 };
 DoublingPlan planRecursiveDoubling(int rank, int size);
 
+/// One step of the halving-doubling (Rabenseifner) all-reduce, among the power-of-two ranks that
+/// stay after planRecursiveDoubling's fold. The reduce-scatter halves this rank's range at every
+/// step: it keeps `keep` (the partner's partial sums for it arrive and are reduced) and gives
+/// `give` (its partial sums go to the partner, which keeps them). The all-gather runs the steps
+/// backwards: this rank sends `keep`, complete by then, and receives `give`. Messages are cut
+/// into chunks, listed in the order they go: a rank's receives of a step are exactly its
+/// partner's sends of that step.
+struct HalvingStep {
+  int partner = -1;  ///< the rank exchanged with (a global rank)
+  Segment keep{0, 0};
+  Segment give{0, 0};
+  std::vector<Segment> rsSend, rsRecv;  ///< reduce-scatter: rsSend covers give, rsRecv covers keep
+  /// The first rsEarly receives cover the next step's give, reduced first so that the next step's
+  /// sends leave before this step's reductions end (0 at the last step).
+  size_t rsEarly = 0;
+  std::vector<Segment> agSend, agRecv;  ///< all-gather: agSend covers keep, agRecv covers give
+  /// The first agEarly sends cover the next step's keep, complete before this step starts; the
+  /// others are the next step's all-gather receives, sent on as they land, in that order.
+  size_t agEarly = 0;
+};
+struct HalvingPlan {
+  int foldTo = -1;    ///< as DoublingPlan: this rank hands its data to foldTo and sits out
+  int foldFrom = -1;  ///< as DoublingPlan: this rank first reduces foldFrom's data into its own
+  std::vector<HalvingStep> steps;
+  Segment owned{0, 0};  ///< the range this rank holds fully reduced after the reduce-scatter
+};
+/// The plan for `count` elements, messages of at most `chunk` elements.
+HalvingPlan planHalvingDoubling(int rank, int size, size_t count, size_t chunk);
+
 /// A node of a binary tree: its parent (-1 at the root) and up to two children (-1 when absent).
 struct BinaryNode {
   int parent = -1;

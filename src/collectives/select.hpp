@@ -15,10 +15,20 @@ namespace loom {
 namespace coll {
 
 enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll };
-enum class Algo { Ring, RecursiveDoubling, Binomial, Chain, Pairwise, DoubleTree, Hierarchical, Direct };
+enum class Algo {
+  Ring,
+  RecursiveDoubling,
+  Binomial,
+  Chain,
+  Pairwise,
+  DoubleTree,
+  Hierarchical,
+  Direct,
+  HalvingDoubling
+};
 
 const char* collName(Coll c);  ///< "all_reduce", ...
-const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise", "dbtree", "hier", "direct"
+const char* algoName(Algo a);  ///< "ring", "rd", "tree", "chain", "pairwise", "dbtree", "hier", "direct", "hd"
 
 struct CostModel {
   double latencyUs = 25.0;              ///< per message step

@@ -151,6 +151,78 @@ TEST(Plan, RecursiveDoublingPartnersArePaired) {
   }
 }
 
+// Halving-doubling: partners agree on every step; each step's receives are the partner's sends,
+// message by message; keep and give split the range both hold; the owned ranges of the active
+// ranks cover the buffer exactly once; the all-gather's sends cover what the rank keeps, with the
+// early ones inside the next step's keep and the rest exactly the next step's receives.
+TEST(Plan, HalvingDoublingExchangesMatchAndCoverTheBuffer) {
+  auto same = [](const std::vector<loom::Segment>& x, const std::vector<loom::Segment>& y) {
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i].offset != y[i].offset || x[i].count != y[i].count) return false;
+    return true;
+  };
+  auto covers = [](const std::vector<loom::Segment>& parts, const loom::Segment& whole) {
+    std::vector<int> seen(whole.count, 0);
+    for (const auto& p : parts) {
+      if (p.offset < whole.offset || p.offset + p.count > whole.offset + whole.count) return false;
+      for (size_t e = 0; e < p.count; ++e) ++seen[p.offset - whole.offset + e];
+    }
+    for (int s : seen)
+      if (s != 1) return false;
+    return true;
+  };
+  for (int n = 1; n <= 33; ++n)
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1021}, size_t{100003}})
+      for (size_t chunk : {size_t{1}, size_t{3}, size_t{64}, size_t{1} << 20}) {
+        if (chunk == 1 && count > 1021) continue;
+        std::vector<loom::HalvingPlan> plans;
+        for (int r = 0; r < n; ++r) plans.push_back(loom::planHalvingDoubling(r, n, count, chunk));
+        std::vector<int> owner(count, 0);
+        for (int r = 0; r < n; ++r) {
+          const auto& p = plans[r];
+          SCOPED_TRACE("n=" + std::to_string(n) + " r=" + std::to_string(r) + " count=" + std::to_string(count) +
+                       " chunk=" + std::to_string(chunk));
+          if (p.foldTo >= 0) {
+            EXPECT_EQ(plans[p.foldTo].foldFrom, r);
+            EXPECT_TRUE(p.steps.empty());
+            continue;
+          }
+          loom::Segment range{0, count};
+          for (size_t k = 0; k < p.steps.size(); ++k) {
+            const auto& s = p.steps[k];
+            const auto& q = plans[s.partner].steps[k];
+            EXPECT_EQ(q.partner, r);
+            EXPECT_TRUE(same(s.rsRecv, q.rsSend));
+            EXPECT_TRUE(same(s.agRecv, q.agSend));
+            EXPECT_TRUE(covers({s.keep, s.give}, range));
+            EXPECT_TRUE(covers(s.rsRecv, s.keep));
+            EXPECT_TRUE(covers(s.rsSend, s.give));
+            EXPECT_TRUE(covers(s.agSend, s.keep));
+            EXPECT_TRUE(covers(s.agRecv, s.give));
+            if (k + 1 < p.steps.size()) {
+              const auto& next = p.steps[k + 1];
+              std::vector<loom::Segment> early(s.rsRecv.begin(), s.rsRecv.begin() + static_cast<long>(s.rsEarly));
+              EXPECT_TRUE(covers(early, next.give));
+              std::vector<loom::Segment> ready(s.agSend.begin(), s.agSend.begin() + static_cast<long>(s.agEarly));
+              EXPECT_TRUE(covers(ready, next.keep));
+              std::vector<loom::Segment> forwarded(s.agSend.begin() + static_cast<long>(s.agEarly), s.agSend.end());
+              EXPECT_TRUE(same(forwarded, next.agRecv));
+            } else {
+              EXPECT_EQ(s.rsEarly, 0u);
+              EXPECT_EQ(s.agEarly, s.agSend.size());
+            }
+            for (const auto& ch : s.rsRecv) EXPECT_LE(ch.count, chunk);
+            range = s.keep;
+          }
+          EXPECT_EQ(p.owned.offset, range.offset);
+          EXPECT_EQ(p.owned.count, range.count);
+          for (size_t e = 0; e < p.owned.count; ++e) ++owner[p.owned.offset + e];
+        }
+        for (size_t e = 0; e < count; ++e) ASSERT_EQ(owner[e], 1) << "n=" << n << " element " << e;
+      }
+}
+
 // Both trees of the double binary tree span every rank: one root, consistent parents and
 // children, no cycles; and most ranks that are leaves in one tree are interior in the other.
 TEST(Plan, DoubleBinaryTreesAreSpanningTrees) {

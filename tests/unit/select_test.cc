@@ -25,17 +25,27 @@ TEST(Select, LargeSizesUseTheRing) {
   EXPECT_EQ(selectAlgo(Coll::Reduce, 256u << 20, 8, m, ""), Algo::Ring);
 }
 
-TEST(Select, DoubleTreeWinsAtMediumSizesOnManyRanks) {
+// Halving-doubling: the ring's bytes in log2(n) steps each way, from 4 ranks, at medium sizes
+// (README: measured crossovers).
+TEST(Select, HalvingDoublingWinsAtMediumSizesFromFourRanks) {
   CostModel m;
-  EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 64, m, ""), Algo::DoubleTree);
-  EXPECT_EQ(selectAlgo(Coll::AllReduce, 4u << 20, 256, m, ""), Algo::DoubleTree);
+  for (int n : {4, 8, 64, 256}) EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, n, m, ""), Algo::HalvingDoubling) << n;
+  for (int n : {4, 8}) EXPECT_EQ(selectAlgo(Coll::AllReduce, 64u << 10, n, m, ""), Algo::RecursiveDoubling) << n;
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 4u << 20, 4, m, ""), Algo::Ring);
+  // Two or three ranks: no fewer steps than the ring.
+  for (int n : {2, 3})
+    for (size_t b = 8; b <= (64u << 20); b *= 4)
+      EXPECT_NE(selectAlgo(Coll::AllReduce, b, n, m, ""), Algo::HalvingDoubling);
+  // Non-powers of two pay the fold: 5 ranks keep the ring where 4 and 8 take halving-doubling.
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 5, m, ""), Algo::Ring);
   EXPECT_NE(selectAlgo(Coll::AllReduce, 1u << 20, 4, m, ""), Algo::DoubleTree);
 }
 
 TEST(Select, ModelledTimeGrowsWithSize) {
   CostModel m;
-  for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::DoubleTree})
+  for (Algo a : {Algo::Ring, Algo::RecursiveDoubling, Algo::HalvingDoubling, Algo::DoubleTree})
     for (int n : {2, 5, 16}) {
+      if (a == Algo::HalvingDoubling && n < 4) continue;
       double prev = 0;
       for (size_t b = 8; b <= (64u << 20); b *= 4) {
         double t = modelUs(Coll::AllReduce, a, b, n, m);
@@ -49,8 +59,11 @@ TEST(Select, ModelledTimeGrowsWithSize) {
 TEST(Select, SlowerLinksMoveTheRingCrossoverUp) {
   CostModel fast, slowLatency;
   slowLatency.latencyUs = 500;
-  // With a high per-message latency the many-step ring loses to recursive doubling at 1 MiB.
-  EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 8, fast, ""), Algo::Ring);
+  // With a high per-message latency the many-step ring loses at 16 MiB, and halving-doubling's
+  // 6 steps lose to recursive doubling's 3 at 1 MiB.
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 16u << 20, 8, fast, ""), Algo::Ring);
+  EXPECT_NE(selectAlgo(Coll::AllReduce, 16u << 20, 8, slowLatency, ""), Algo::Ring);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 8, fast, ""), Algo::HalvingDoubling);
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 8, slowLatency, ""), Algo::RecursiveDoubling);
 }
 
@@ -59,6 +72,9 @@ TEST(Select, OverridesApplyWhereTheAlgorithmExists) {
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "ring"), Algo::Ring);
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "dbtree"), Algo::DoubleTree);
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "recursive_doubling"), Algo::RecursiveDoubling);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "hd"), Algo::HalvingDoubling);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "halving_doubling"), Algo::HalvingDoubling);
+  EXPECT_EQ(selectAlgo(Coll::Broadcast, 8, 4, m, "hd"), Algo::Binomial);
   // Per collective: only all-reduce is forced; broadcast keeps its model choice.
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 256u << 20, 4, m, "allreduce:rd"), Algo::RecursiveDoubling);
   EXPECT_EQ(selectAlgo(Coll::Broadcast, 256u << 20, 4, m, "allreduce:rd"), Algo::Chain);
