@@ -186,7 +186,7 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
       // medians of 8) it wins from 256 KiB to 1 MiB (0.60-0.62 GB/s busbw against the ring's
       // 0.39-0.41) and loses from 4 MiB (0.51 against 0.70); over shared memory with two ranks it
       // loses from 4 MiB too. Its bytes count 20% slower there.
-      if (n < 4) return 1e300;
+      if (n < 4 || !m.halvingDoubling) return 1e300;
       const bool ringStreams = planChannelCount(bytes, n, m.ringChannels, m.channelMinBytes) > 1 ||
                                S / N > static_cast<double>(m.chunkBytes);
       const double slowdown = ringStreams ? 1.2 : 1.0;

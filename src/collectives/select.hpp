@@ -38,6 +38,7 @@ struct CostModel {
   size_t treeChunkBytes = 64 * 1024;    ///< LOOM_TREE_CHUNK_BYTES: double-tree pipeline
   int ringChannels = 2;                 ///< LOOM_RING_CHANNELS
   size_t channelMinBytes = 256 * 1024;  ///< LOOM_RING_CHANNEL_MIN_BYTES
+  bool halvingDoubling = true;          ///< whether the model may pick halving-doubling (LOOM_ALGO still can)
 };
 
 /// LOOM_SHM_DIRECT_MIN_BYTES, or its default for a communicator of `ranks` ranks on one node.

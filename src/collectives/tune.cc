@@ -92,6 +92,12 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   // TCP flows that share it unevenly, and the slower sets the pace (4 nodes on 1 Gbit/s links,
   // 16-64 MiB: one ring 97-98% of the link, two 89-91%). Within a host they help over loopback.
   if (comm.nodeCount() > 1 && std::getenv("LOOM_RING_CHANNELS") == nullptr) model.ringChannels = 1;
+  // Between hosts, no halving-doubling unless forced: on 4 virtual nodes with 5 Gbit/s links it
+  // lost to the ring from 256 KiB to 4 MiB (1 MiB: 0.09-0.17 GB/s busbw against 0.21-0.25, two
+  // runs each), though it wins over loopback. Each of its steps starts a connection that sat idle
+  // through the previous ones (TCP restarts slow start after idle; the ring keeps its connections
+  // streaming) -- a likely cause, not a measured one.
+  if (comm.nodeCount() > 1) model.halvingDoubling = false;
   if (const auto& link = comm.link()) {
     model.latencyUs = link->latencyUs;
     model.gbps = link->gbps;

@@ -39,6 +39,13 @@ TEST(Select, HalvingDoublingWinsAtMediumSizesFromFourRanks) {
   // Non-powers of two pay the fold: 5 ranks keep the ring where 4 and 8 take halving-doubling.
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 5, m, ""), Algo::Ring);
   EXPECT_NE(selectAlgo(Coll::AllReduce, 1u << 20, 4, m, ""), Algo::DoubleTree);
+  // Between hosts the communicator's model leaves it out (tune.cc); forcing it still works.
+  CostModel between;
+  between.halvingDoubling = false;
+  for (int n : {4, 8, 64})
+    for (size_t b = 8; b <= (64u << 20); b *= 4)
+      EXPECT_NE(selectAlgo(Coll::AllReduce, b, n, between, ""), Algo::HalvingDoubling);
+  EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 8, between, "hd"), Algo::HalvingDoubling);
 }
 
 TEST(Select, ModelledTimeGrowsWithSize) {
