@@ -162,6 +162,26 @@ std::string strFactor(double f) {
 
 bool hasOp(Kind k) { return k == Kind::AllReduce || k == Kind::Reduce || k == Kind::ReduceScatter; }
 bool hasRoot(Kind k) { return k == Kind::Broadcast || k == Kind::Reduce; }
+// The collective's name for Communicator::algorithmFor; null for send/recv (no algorithm).
+const char* collectiveOf(Kind k) {
+  switch (k) {
+    case Kind::AllReduce:
+      return "all_reduce";
+    case Kind::Broadcast:
+      return "broadcast";
+    case Kind::Reduce:
+      return "reduce";
+    case Kind::AllGather:
+      return "all_gather";
+    case Kind::ReduceScatter:
+      return "reduce_scatter";
+    case Kind::AllToAll:
+      return "all_to_all";
+    case Kind::SendRecv:
+      return nullptr;
+  }
+  return nullptr;
+}
 const char* title(Kind k) {
   switch (k) {
     case Kind::AllReduce:
@@ -527,10 +547,10 @@ int perfMain(int argc, char** argv, Kind kind) {
           (o.increment > 0 ? std::to_string(o.increment) + "(bytes)" : strFactor(o.factor) + "(factor)").c_str(),
           o.warmup, o.iters, o.check);
       std::printf("#\n# %62s %33s %33s\n", "", "out-of-place", "in-place");
-      std::printf("# %12s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
-                  "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-      std::printf("# %12s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
-                  "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+      std::printf("# %12s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s %7s\n", "size", "count", "type", "redop",
+                  "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "algo");
+      std::printf("# %12s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s %7s\n", "(B)", "(elements)", "", "", "",
+                  "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "");
     }
     // The device anchor: rank 0's copy bandwidth, measured alone (the others wait).
     double copyBw = 0;
@@ -603,7 +623,10 @@ int perfMain(int argc, char** argv, Kind kind) {
               row.wrong = bad[ip];
               results.add(row);
             }
-            std::printf("\n");
+            // Which algorithm ran (the cost model's or LOOM_ALGO's choice); device buffers take
+            // the path named in the header.
+            const char* coll = collectiveOf(kind);
+            std::printf(" %7s\n", coll == nullptr || b.rt ? "-" : comm.algorithmFor(coll, shown).c_str());
             std::fflush(stdout);
           }
           size_t next =

@@ -319,6 +319,10 @@ TEST(Net, AllReducePerfAcrossNodesWithLoomrun) {
   Result r = cl.run("2", {path("ALL_REDUCE_PERF"), "-b", "8", "-e", "4M", "-f", "8", "-c", "1", "-n", "3", "-w", "1"});
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("Out of bounds values : 0 OK"), std::string::npos) << r.out;
+  // The table's last column names the algorithm that ran: the node-aware one, at every size.
+  EXPECT_NE(r.out.find(" hier\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" ring\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" rd\n"), std::string::npos) << r.out;
   // The summary knows the link rate vcluster gave (LOOM_LINK_RATE).
   EXPECT_NE(r.out.find("link 2.000 Gbit/s"), std::string::npos) << r.out;
 }
