@@ -58,7 +58,8 @@ DeviceChunks planDeviceChunks(Coll kind, size_t count, size_t elem, int size, si
   return d;
 }
 
-int locateBuffers(const detail::CommImpl& c, const std::vector<const void*>& buffers, void* stream, const char* what) {
+int locateBuffers(const detail::CommImpl& c, std::initializer_list<const void*> buffers, void* stream,
+                  const char* what) {
   device::DeviceRuntime* rt = device::runtime();
   if (rt == nullptr) {
     if (stream != nullptr) {

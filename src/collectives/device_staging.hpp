@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -48,7 +49,8 @@ size_t deviceStagingBytes();
 /// Where a call's buffers are: -1 for host memory, else their device. Null buffers and buffers of
 /// zero bytes are not looked at. Throws InvalidArgument for a mix of host and device memory, for
 /// buffers on two devices, and for a stream given with host buffers or without CUDA.
-int locateBuffers(const detail::CommImpl& c, const std::vector<const void*>& buffers, void* stream, const char* what);
+int locateBuffers(const detail::CommImpl& c, std::initializer_list<const void*> buffers, void* stream,
+                  const char* what);
 
 /// Queues collective `kind` on device buffers (a.device >= 0) ordered on `stream`, as described
 /// above; `run` runs one chunk on host buffers as call `seq`. Returns the collective's Work.

@@ -429,7 +429,7 @@ std::shared_ptr<void> CommImpl::deviceState(const std::function<std::shared_ptr<
   return deviceState_;
 }
 
-void CommImpl::runRecorded(int64_t seq, const std::function<void(int64_t)>& body) {
+void CommImpl::runRecorded(int64_t seq, FunctionRef<void(int64_t)> body) {
   try {
     body(seq);
   } catch (...) {
@@ -439,16 +439,14 @@ void CommImpl::runRecorded(int64_t seq, const std::function<void(int64_t)>& body
   flight_.finished(seq, true);
 }
 
-void CommImpl::run(const std::string& what, const std::function<void(int64_t)>& body, uint64_t sig) {
-  checkOk();
-  // Inline only when idle; the sequence number is taken inside so that it follows call order.
-  bool ran = queue_->runInlineIfIdle([&] {
+bool CommImpl::runInlineIfIdle(FunctionRef<void(int64_t)> body, uint64_t sig) {
+  // The sequence number is taken inside, so that it follows call order.
+  return queue_->runInlineIfIdle([&] {
     AttendScope attend(progress_);
     const int64_t seq = nextSeq_.fetch_add(1);
     flight_.queued(seq, sig);
     runRecorded(seq, body);
   });
-  if (!ran) submit(what, body, sig)->wait();
 }
 
 void CommImpl::runQueued(const detail::Request* done) noexcept {

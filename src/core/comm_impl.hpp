@@ -19,6 +19,7 @@
 
 #include "bootstrap/rendezvous.hpp"
 #include "core/flight_recorder.hpp"
+#include "core/function_ref.hpp"
 #include "core/op_queue.hpp"
 #include "core/progress_engine.hpp"
 #include "core/request.hpp"
@@ -73,8 +74,14 @@ class CommImpl : public Progressable {
   /// point-to-point, which not every rank takes part in, so it must not number calls. The request
   /// completes with the bytes `body` returns.
   RequestPtr submitUnnumbered(const std::string& what, std::function<size_t()> body);
-  /// Runs a collective and waits for it (inline when the queue is idle).
-  void run(const std::string& what, const std::function<void(int64_t seq)>& body, uint64_t sig = 0);
+  /// Runs a collective and waits for it: inline when the queue is idle (no allocation), else
+  /// queued behind the calls in flight (`body` is then copied into the queue).
+  template <typename Body>
+  void run(const char* what, Body&& body, uint64_t sig = 0) {
+    checkOk();
+    if (runInlineIfIdle(FunctionRef<void(int64_t)>(body), sig)) return;
+    submit(what, std::function<void(int64_t)>(std::forward<Body>(body)), sig)->wait();
+  }
   void barrierBody(int64_t seq);
 
   // ---- For algorithms: byte-level messages on the collective tag space. ----
@@ -101,6 +108,7 @@ class CommImpl : public Progressable {
 
   /// A collective starts on this rank: its sequence number and signature, published to the
   /// node's peers (the shared arena) so that a peer in another call is named, not waited for.
+  /// `algo` is a static string (the flight recorder keeps the pointer).
   void enterCall(int64_t seq, uint64_t sig, const char* algo);
   /// The first local peer in collective `seq` with a signature other than `sig`, as an error;
   /// success when there is none (or no shared arena).
@@ -118,7 +126,7 @@ class CommImpl : public Progressable {
   /// one, the hang report.
   std::string dumpText();
   /// Runs collective `seq` and records in the flight recorder whether it finished or failed.
-  void runRecorded(int64_t seq, const std::function<void(int64_t)>& body);
+  void runRecorded(int64_t seq, FunctionRef<void(int64_t)> body);
   /// Publishes this rank's record if a dump was requested since it last did (store counter).
   void answerDumpRequests();
 
@@ -178,6 +186,8 @@ class CommImpl : public Progressable {
   size_t checkBuffer(const void* buf, size_t count, DataType type, const char* what) const;
 
  private:
+  /// run()'s fast path: runs `body` on this thread as the next call if the queue is idle.
+  bool runInlineIfIdle(FunctionRef<void(int64_t)> body, uint64_t sig);
   void join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin);
   void failEverything(const Status& status);
   /// Reads every rank's host identity from the store and groups the ranks by node.

@@ -1,8 +1,8 @@
 #include "core/flight_recorder.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <sstream>
 
 #include "core/format.hpp"
@@ -11,8 +11,12 @@
 namespace loom {
 namespace {
 
+// A coarse monotonic clock (a few milliseconds of resolution) costs a fraction of the precise one,
+// and the recorder stamps every call twice.
 double nowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 const char* stateName(FlightEntry::State s) {
@@ -45,20 +49,25 @@ std::string kindText(uint64_t sig, int64_t seq) {
 }  // namespace
 
 FlightRecorder::Slot* FlightRecorder::findLocked(int64_t seq) {
-  for (auto& s : slots_)
-    if (s.entry.seq == seq) return &s;
+  // Newest first: the call looked for is nearly always the last one queued.
+  const size_t n = slots_.size();
+  for (size_t i = 0; i < n; ++i) {
+    Slot& s = slots_[(next_ + n - 1 - i) % n];
+    if (s.seq == seq) return &s;
+  }
   return nullptr;
 }
 
 void FlightRecorder::queued(int64_t seq, uint64_t sig) {
   std::lock_guard<std::mutex> lock(mu_);
   Slot s;
-  s.entry.seq = seq;
-  s.entry.sig = sig;
+  s.seq = seq;
+  s.sig = sig;
   if (slots_.size() < capacity_) {
-    slots_.push_back(std::move(s));
+    slots_.push_back(s);
+    next_ = slots_.size() % capacity_;
   } else {
-    slots_[next_] = std::move(s);
+    slots_[next_] = s;
     next_ = (next_ + 1) % capacity_;
   }
 }
@@ -67,9 +76,9 @@ void FlightRecorder::running(int64_t seq, uint64_t sig, const char* algo) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (Slot* s = findLocked(seq)) {
-      s->entry.state = FlightEntry::State::Running;
-      s->entry.sig = sig;
-      s->entry.algo = algo;
+      s->state = FlightEntry::State::Running;
+      s->sig = sig;
+      s->algo = algo;
       s->start = nowSeconds();
       return;
     }
@@ -81,7 +90,7 @@ void FlightRecorder::running(int64_t seq, uint64_t sig, const char* algo) {
 void FlightRecorder::finished(int64_t seq, bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
   if (Slot* s = findLocked(seq)) {
-    s->entry.state = ok ? FlightEntry::State::Done : FlightEntry::State::Failed;
+    s->state = ok ? FlightEntry::State::Done : FlightEntry::State::Failed;
     s->end = nowSeconds();
   }
 }
@@ -92,7 +101,11 @@ std::vector<FlightEntry> FlightRecorder::snapshot() const {
   std::vector<FlightEntry> out;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[(next_ + i) % slots_.size()];
-    FlightEntry e = s.entry;
+    FlightEntry e;
+    e.seq = s.seq;
+    e.sig = s.sig;
+    e.algo = s.algo;
+    e.state = s.state;
     if (e.state != FlightEntry::State::Queued) e.startAge = now - s.start;
     if (e.state == FlightEntry::State::Done || e.state == FlightEntry::State::Failed) e.endAge = now - s.end;
     out.push_back(e);

@@ -30,6 +30,7 @@ class FlightRecorder {
  public:
   explicit FlightRecorder(size_t capacity = 64) : capacity_(capacity) {}
   void queued(int64_t seq, uint64_t sig);
+  /// `algo` must be a static string (coll::algoName).
   void running(int64_t seq, uint64_t sig, const char* algo);
   void finished(int64_t seq, bool ok);
   /// The entries, oldest first, with ages as of now.
@@ -38,8 +39,13 @@ class FlightRecorder {
   std::string serialize() const;
 
  private:
+  // Entries as recorded on the hot path: no string (the algorithm names are static), no search
+  // past the most recent entries, a coarse clock (ages are printed to a tenth of a second).
   struct Slot {
-    FlightEntry entry;
+    int64_t seq = -1;
+    uint64_t sig = 0;
+    const char* algo = "";
+    FlightEntry::State state = FlightEntry::State::Queued;
     double start = 0, end = 0;  // seconds on a steady clock
   };
   Slot* findLocked(int64_t seq);

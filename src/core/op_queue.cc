@@ -17,7 +17,7 @@ void OpQueue::submit(RequestPtr done, std::function<void()> fn) {
   cv_.notify_all();
 }
 
-bool OpQueue::runInlineIfIdle(const std::function<void()>& fn) {
+bool OpQueue::runInlineIfIdle(FunctionRef<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ || busy_ || !items_.empty()) return false;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/function_ref.hpp"
 #include "core/request.hpp"
 
 namespace loom {
@@ -25,7 +26,7 @@ class OpQueue {
   void submit(RequestPtr done, std::function<void()> fn);
   /// Runs `fn` now on this thread if nothing is queued or running; returns false otherwise.
   /// Exceptions from fn propagate.
-  bool runInlineIfIdle(const std::function<void()>& fn);
+  bool runInlineIfIdle(FunctionRef<void()> fn);
   /// Runs queued ops on this thread, in order, while the worker is idle and `done` (the
   /// completion of a queued op) has not run: a waiting thread takes its own op instead of waking
   /// the worker. Returns at once when the worker is busy or `done` is not queued.
