@@ -61,9 +61,10 @@ void printAlgos() {
   const std::string forced = loom::coll::algoOverrideFromEnv();
   std::printf("Algorithm chosen per collective, message size (whole buffer) and world size\n");
   std::printf(
-      "(cost model: %.0f us per message, %.2f GB/s per link, reduction %.1f GB/s, %zu-byte ring chunks, %zu-byte tree "
-      "chunks; LOOM_ALGO=\"%s\")\n\n",
-      model.latencyUs, model.gbps, model.reduceGbps, model.chunkBytes, model.treeChunkBytes, forced.c_str());
+      "(cost model: %.0f us per message, %.2f GB/s per link, reduction %.1f GB/s, %zu-byte ring chunks, %zu-byte chain "
+      "chunks, %zu-byte tree chunks; LOOM_ALGO=\"%s\")\n\n",
+      model.latencyUs, model.gbps, model.reduceGbps, model.chunkBytes, model.pipeChunkBytes, model.treeChunkBytes,
+      forced.c_str());
   const int ranks[] = {2, 3, 4, 8, 16, 32, 64, 256};
   const size_t sizes[] = {8, 1024, 64 * 1024, 256 * 1024, 1 << 20, 4 << 20, 16 << 20, 256 << 20};
   const char* sizeNames[] = {"8B", "1K", "64K", "256K", "1M", "4M", "16M", "256M"};

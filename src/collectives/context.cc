@@ -3,6 +3,7 @@
 #include "collectives/context.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "collectives/select.hpp"
@@ -14,7 +15,8 @@ namespace coll {
 namespace {
 
 LOOM_PARAM_INT(chunkBytesParam, "LOOM_CHUNK_BYTES", 512 * 1024,
-               "bytes per pipelined chunk of ring and chain algorithms");
+               "bytes per pipelined chunk of the chain and tree algorithms, and of the ring where set "
+               "(unset: 512 KiB over shared memory, 2 MiB over TCP)");
 LOOM_PARAM_INT(treeChunkBytesParam, "LOOM_TREE_CHUNK_BYTES", 64 * 1024,
                "bytes per pipelined chunk of the double-tree all-reduce");
 LOOM_PARAM_INT(ringChannelsParam, "LOOM_RING_CHANNELS", 2,
@@ -114,6 +116,11 @@ size_t ringChunkBytes() {
   return v;
 }
 
+size_t ringChunkBytesFor(const std::string& transport) {
+  if (std::getenv("LOOM_CHUNK_BYTES") != nullptr) return ringChunkBytes();
+  return transport == "shm" ? kShmRingChunkBytes : kTcpRingChunkBytes;
+}
+
 size_t treeChunkBytes() {
   static const size_t v = static_cast<size_t>(std::max<int64_t>(4096, treeChunkBytesParam()));
   return v;
@@ -124,6 +131,11 @@ int maxRingChannels() { return static_cast<int>(std::clamp<int64_t>(ringChannels
 size_t ringChannelMinBytes() { return static_cast<size_t>(std::max<int64_t>(0, channelMinBytesParam())); }
 
 size_t Context::chunkElems(size_t elem) const { return std::max<size_t>(1, ringChunkBytes() / elem); }
+
+size_t Context::ringChunkElems(size_t elem) const {
+  if (const coll::Selector* sel = comm_.selector()) return std::max<size_t>(1, sel->model().chunkBytes / elem);
+  return chunkElems(elem);
+}
 
 size_t Context::treeChunkElems(size_t elem) const { return std::max<size_t>(1, treeChunkBytes() / elem); }
 

@@ -69,7 +69,7 @@ std::vector<Lane> lanesOverBlocks(const Context& c, size_t block, int channels) 
 void ringReduceScatter(Context& c, const Args& a, const std::vector<Lane>& lanes, const uint8_t* in, uint8_t* work,
                        int shift, uint8_t* finalOut, size_t finalBase) {
   const int n = c.size();
-  const size_t E = a.elem, chunk = c.chunkElems(E), L = lanes.size();
+  const size_t E = a.elem, chunk = c.ringChunkElems(E), L = lanes.size();
   std::vector<size_t> stagingAt(L);
   size_t stagingBytes = 0;
   for (size_t i = 0; i < L; ++i) {
@@ -129,7 +129,7 @@ void ringReduceScatter(Context& c, const Args& a, const std::vector<Lane>& lanes
 // forwarded as they come.
 void ringAllGather(Context& c, const std::vector<Lane>& lanes, uint8_t* buf, size_t E, int shift) {
   const int n = c.size();
-  const size_t chunk = c.chunkElems(E), L = lanes.size();
+  const size_t chunk = c.ringChunkElems(E), L = lanes.size();
   // recvs[i][step]: lane i's receives of that step, all posted up front.
   std::vector<std::vector<std::vector<RequestPtr>>> recvs(L, std::vector<std::vector<RequestPtr>>(n));
   std::vector<RequestPtr> sends;

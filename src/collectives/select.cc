@@ -137,7 +137,8 @@ CostModel costModelFromEnv(const std::string& transport) {
   m.latencyUs = static_cast<double>(shm ? shmLatencyParam() : latencyParam());
   m.gbps = static_cast<double>(std::max<int64_t>(1, shm ? shmBandwidthParam() : bandwidthParam())) / 1000.0;
   m.reduceGbps = static_cast<double>(std::max<int64_t>(1, reduceParam())) / 1000.0;
-  m.chunkBytes = ringChunkBytes();
+  m.chunkBytes = ringChunkBytesFor(transport);
+  m.pipeChunkBytes = ringChunkBytes();
   m.treeChunkBytes = treeChunkBytes();
   // Several rings help over TCP (more sockets in flight); over shared memory one thread drives
   // every ring, so the default there is one.
@@ -199,11 +200,11 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
     case Algo::Binomial: {
       // Pipelined in chunks down (or up) a tree of depth log2(n); the root's link carries the data
       // once per child, log2(n) times (and a reducing root adds that many passes).
-      double chunks = std::max(1.0, std::ceil(S / static_cast<double>(m.chunkBytes)));
+      double chunks = std::max(1.0, std::ceil(S / static_cast<double>(m.pipeChunkBytes)));
       return (logn + chunks - 1) * a_ + logn * S * b + (c == Coll::Reduce ? logn * S * g : 0);
     }
     case Algo::Chain: {
-      double chunks = std::max(1.0, std::ceil(S / static_cast<double>(m.chunkBytes)));
+      double chunks = std::max(1.0, std::ceil(S / static_cast<double>(m.pipeChunkBytes)));
       double chunk = S / chunks;
       return (N - 2 + chunks) * (a_ + chunk * b);
     }

@@ -34,7 +34,8 @@ struct CostModel {
   double latencyUs = 25.0;              ///< per message step
   double gbps = 1.5;                    ///< GB/s per link
   double reduceGbps = 10;               ///< GB/s of the reduction kernel (counted where it cannot overlap the network)
-  size_t chunkBytes = 512 * 1024;       ///< LOOM_CHUNK_BYTES: ring and chain pipelines
+  size_t chunkBytes = 512 * 1024;       ///< the ring's pipeline chunk (ringChunkBytesFor)
+  size_t pipeChunkBytes = 512 * 1024;   ///< LOOM_CHUNK_BYTES: chain and tree broadcast and reduce
   size_t treeChunkBytes = 64 * 1024;    ///< LOOM_TREE_CHUNK_BYTES: double-tree pipeline
   int ringChannels = 2;                 ///< LOOM_RING_CHANNELS
   size_t channelMinBytes = 256 * 1024;  ///< LOOM_RING_CHANNEL_MIN_BYTES

@@ -109,6 +109,16 @@ TEST(Selector, SharedMemoryLinksHaveTheirOwnModel) {
   EXPECT_EQ(sel.pick(Coll::AllReduce, 64u << 20, 4), Algo::Ring);
 }
 
+TEST(Selector, RingChunksAreLargerOverSocketsUnlessSet) {
+  // Over TCP the ring cuts 2 MiB chunks (fewer, larger sends), over shared memory 512 KiB ones
+  // (they stay in cache); the chain and tree pipelines keep LOOM_CHUNK_BYTES's default.
+  const auto shm = loom::coll::costModelFromEnv("shm"), tcp = loom::coll::costModelFromEnv("tcp");
+  EXPECT_EQ(tcp.chunkBytes, size_t{2} << 20);
+  EXPECT_EQ(shm.chunkBytes, size_t{512} << 10);
+  EXPECT_EQ(tcp.pipeChunkBytes, size_t{512} << 10);
+  EXPECT_EQ(shm.pipeChunkBytes, size_t{512} << 10);
+}
+
 TEST(Selector, NodeAwareWhenSeveralNodesHoldSeveralRanks) {
   const auto tcp = loom::coll::costModelFromEnv("tcp"), shm = loom::coll::costModelFromEnv("shm");
   loom::coll::NodeShape shape;
