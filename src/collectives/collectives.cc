@@ -80,13 +80,13 @@ void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int6
       return coll::allReduceRing(ctx, a);
     case Coll::Broadcast:
       if (algo == Algo::Hierarchical) return coll::broadcastHierarchical(ctx, a);
-      if (algo == Algo::Direct) return coll::broadcastDirectSmall(ctx, a);
+      if (algo == Algo::Direct) return coll::broadcastDirect(ctx, a);
       return algo == Algo::Binomial ? coll::broadcastBinomial(ctx, a) : coll::broadcastChain(ctx, a);
     case Coll::Reduce:
       if (algo == Algo::Hierarchical) return coll::reduceHierarchical(ctx, a);
       return algo == Algo::Binomial ? coll::reduceBinomial(ctx, a) : coll::reduceRing(ctx, a);
     case Coll::AllGather:
-      if (algo == Algo::Direct) return coll::allGatherDirectSmall(ctx, a);
+      if (algo == Algo::Direct) return coll::allGatherDirect(ctx, a);
       return coll::allGatherRing(ctx, a);
     case Coll::ReduceScatter:
       return coll::reduceScatterRing(ctx, a);

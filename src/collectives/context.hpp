@@ -149,10 +149,10 @@ void allToAllPairwise(Context& c, const Args& a);
 /// The same with a count and displacement per peer (Args::counts); not in place.
 void allToAllvPairwise(Context& c, const Args& a);
 // direct.cc: within one node, reading the peers' staged data in place (shared-memory arena):
-// the all-reduce at every size, broadcast and all-gather for small buffers (one barrier).
+// all-reduce, broadcast and all-gather (one barrier for small buffers, then one per chunk).
 void allReduceDirect(Context& c, const Args& a);
-void broadcastDirectSmall(Context& c, const Args& a);
-void allGatherDirectSmall(Context& c, const Args& a);
+void broadcastDirect(Context& c, const Args& a);
+void allGatherDirect(Context& c, const Args& a);
 // hierarchical.cc: node-aware: within each node over shared memory, across nodes between one
 // leader per node, then within each node again.
 void allReduceHierarchical(Context& c, const Args& a);

@@ -10,8 +10,11 @@
 // barrier: each rank stages its whole buffer in one of two alternating halves and reduces all of
 // it itself, which for a few kilobytes costs less than two more barriers. Each element is reduced once, by one rank,
 // in one order, so every rank holds the same bits. A rank stages all but its own slice, which it
-// reduces straight from its input: about 5 - 1/n bytes of memory traffic per byte of message,
+// reduces straight from its input: about 5 - 2/n bytes of memory traffic per byte of message,
 // against 2 + 7(n-1)/n for the ring with single-copy reads, and no syscall.
+// Broadcast and all-gather work the same way without the reduction: the root (every rank, for
+// all-gather) stages chunks in two alternating halves of its area, one barrier per chunk, and the
+// others copy them out (halvedExchange below).
 // Before reading a peer's area, a rank checks that the peer is in the same collective (sequence
 // number, size, type and op); a mismatch fails the communicator instead of reading garbage.
 #include <algorithm>
@@ -161,38 +164,101 @@ void allReduceDirect(Context& c, const Args& a) {
   }
 }
 
-void broadcastDirectSmall(Context& c, const Args& a) {
+namespace {
+
+// Broadcast and all-gather beyond the one-barrier size: the large part of the area in two halves,
+// chunks staged in them by turns, one barrier per chunk and one at the end. A writer fills a half
+// again two chunks on, after the barrier that every reader passes only once it has read that
+// half's previous chunk; the last barrier lets the next collective write anywhere.
+// `stage(at, off, len)` writes this rank's part of chunk [off, off + len) at area offset `at`;
+// `take(at, off, len)` copies what this rank needs of it from the areas.
+template <typename Stage, typename Take>
+void halvedExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, size_t length, Stage stage,
+                    Take take) {
+  const size_t largeAt = 2 * directSmallMaxBytes(ar.bytes);
+  const size_t half = std::max<size_t>(64, ((ar.bytes - largeAt) / 2) & ~size_t{63});
+  uint64_t step = ar.steps[static_cast<size_t>(ar.me)]->load(std::memory_order_relaxed);
+  publishCall(c, ar, bytes, word, 2);
+  size_t k = 0;
+  for (size_t off = 0; off < length; off += half, ++k) {
+    const size_t len = std::min(half, length - off), at = largeAt + (k & 1) * half;
+    stage(at, off, len);
+    barrier(c, ar, ++step);
+    if (k == 0) checkSameCall(c, ar, bytes, word, 2);
+    take(at, off, len);
+  }
+  barrier(c, ar, ++step);
+}
+
+}  // namespace
+
+void broadcastDirect(Context& c, const Args& a) {
   const LocalArena& ar = *c.comm().arena();
   const size_t total = a.count * a.elem;
   if (total == 0) return;
-  if (total > directSmallMaxBytes(ar.bytes)) return broadcastChain(c, a);  // forced beyond its reach
   const bool root = c.rank() == a.root;
   const int rootIndex = static_cast<int>(std::find(ar.ranks.begin(), ar.ranks.end(), a.root) - ar.ranks.begin());
-  smallExchange(c, ar, total, callWord(Kind::Broadcast, a), root ? a.send : nullptr, root ? total : 0,
-                [&](size_t half) {
-                  if (root) {
-                    copyIfDistinct(a.recv, a.send, total);
-                  } else {
-                    std::memcpy(a.recv, ar.buffers[static_cast<size_t>(rootIndex)] + half, total);
-                  }
-                });
+  const uint8_t* rootArea = ar.buffers[static_cast<size_t>(rootIndex)];
+  const uint64_t word = callWord(Kind::Broadcast, a);
+  if (total <= directSmallMaxBytes(ar.bytes)) {
+    smallExchange(c, ar, total, word, root ? a.send : nullptr, root ? total : 0, [&](size_t half) {
+      if (root) {
+        copyIfDistinct(a.recv, a.send, total);
+      } else {
+        std::memcpy(a.recv, rootArea + half, total);
+      }
+    });
+    return;
+  }
+  const uint8_t* in = cbytes(a.send);
+  uint8_t* out = bytes(a.recv);
+  uint8_t* mine = ar.buffers[static_cast<size_t>(ar.me)];
+  halvedExchange(
+      c, ar, total, word, total,
+      [&](size_t at, size_t off, size_t len) {
+        if (root) std::memcpy(mine + at, in + off, len);
+      },
+      [&](size_t at, size_t off, size_t len) {
+        if (root) {
+          copyIfDistinct(out + off, in + off, len);
+        } else {
+          std::memcpy(out + off, rootArea + at, len);
+        }
+      });
 }
 
-void allGatherDirectSmall(Context& c, const Args& a) {
+void allGatherDirect(Context& c, const Args& a) {
   const LocalArena& ar = *c.comm().arena();
   const size_t block = a.count * a.elem;
   if (block == 0) return;
-  if (block > directSmallMaxBytes(ar.bytes)) return allGatherRing(c, a);  // forced beyond its reach
+  const uint8_t* in = cbytes(a.send);
   uint8_t* out = bytes(a.recv);
-  smallExchange(c, ar, block, callWord(Kind::AllGather, a), a.send, block, [&](size_t half) {
-    for (size_t p = 0; p < ar.buffers.size(); ++p) {
-      if (static_cast<int>(p) == ar.me) {
-        copyIfDistinct(out + p * block, a.send, block);
-      } else {
-        std::memcpy(out + p * block, ar.buffers[p] + half, block);
+  const uint64_t word = callWord(Kind::AllGather, a);
+  if (block <= directSmallMaxBytes(ar.bytes)) {
+    smallExchange(c, ar, block, word, a.send, block, [&](size_t half) {
+      for (size_t p = 0; p < ar.buffers.size(); ++p) {
+        if (static_cast<int>(p) == ar.me) {
+          copyIfDistinct(out + p * block, in, block);
+        } else {
+          std::memcpy(out + p * block, ar.buffers[p] + half, block);
+        }
       }
-    }
-  });
+    });
+    return;
+  }
+  // Each rank's block in chunks: stage this rank's chunk, then copy every peer's.
+  uint8_t* mine = ar.buffers[static_cast<size_t>(ar.me)];
+  halvedExchange(
+      c, ar, block, word, block, [&](size_t at, size_t off, size_t len) { std::memcpy(mine + at, in + off, len); },
+      [&](size_t at, size_t off, size_t len) {
+        for (size_t p = 0; p < ar.buffers.size(); ++p) {
+          if (static_cast<int>(p) == ar.me) {
+            copyIfDistinct(out + p * block + off, in + off, len);
+          } else {
+            std::memcpy(out + p * block + off, ar.buffers[p] + at, len);
+          }
+        }
+      });
 }
 
 }  // namespace coll

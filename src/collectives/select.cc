@@ -312,9 +312,17 @@ Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   Algo a = selectAlgo(c, bytes, ranks, m_, "");
   if (direct() && c == Coll::AllReduce && (bytes <= shape_.directSmallMaxBytes || bytes >= shape_.directMinBytes))
     a = Algo::Direct;
-  // Broadcast and all-gather have the one-barrier form only (per rank's block, for all-gather).
-  if (direct() && c == Coll::Broadcast && bytes <= shape_.directSmallMaxBytes) a = Algo::Direct;
-  if (direct() && c == Coll::AllGather && ranks > 0 && bytes / static_cast<size_t>(ranks) <= shape_.directSmallMaxBytes)
+  // Broadcast and all-gather: the one-barrier form for small buffers (per rank's block, for
+  // all-gather); beyond it, from three ranks on, the chunked form. With two ranks the chain and
+  // ring read the peer's buffer in one copy (process_vm_readv) where the direct form stages it
+  // first, and win: 2 ranks, 256 KiB-1 MiB broadcast 6-7.5 GB/s against 1.5. From three ranks the
+  // readers all take the root's chunk at once: broadcast 3-4 ranks 64 KiB-64 MiB 1.5-4x the chain;
+  // all-gather 4 ranks from 4 MiB 1.5-3x the ring, but behind it at 256 KiB-1 MiB (interleaved
+  // runs on this 2-core machine, bench/*_perf with LOOM_ALGO=broadcast:direct|chain).
+  if (direct() && c == Coll::Broadcast && (bytes <= shape_.directSmallMaxBytes || ranks >= 3)) a = Algo::Direct;
+  if (direct() && c == Coll::AllGather && ranks > 0 &&
+      (bytes / static_cast<size_t>(ranks) <= shape_.directSmallMaxBytes ||
+       (ranks >= 3 && bytes >= kDirectAllGatherMinBytes)))
     a = Algo::Direct;
   if (hierarchical() && (c == Coll::AllReduce || c == Coll::Broadcast || c == Coll::Reduce) &&
       hierarchicalUs(c, bytes) < modelUs(c, a, bytes, ranks, m_))

@@ -76,6 +76,9 @@ struct NodeShape {
 /// The largest all-reduce the direct algorithm runs in its one-barrier form, for an area of
 /// `areaBytes`: 16 KiB, or a quarter of a smaller area.
 inline size_t directSmallMaxBytes(size_t areaBytes) { return areaBytes / 4 < 16384 ? areaBytes / 4 : 16384; }
+/// From three ranks on one node, all-gathers of this many bytes in all (and more) take the
+/// chunked direct form (Selector::pick).
+constexpr size_t kDirectAllGatherMinBytes = size_t{4} << 20;
 
 class Selector {
  public:

@@ -287,7 +287,29 @@ TEST(Shm, DirectAllReduceAcrossChunksAndMismatches) {
     EXPECT_NE(c.algorithmFor("all_reduce", 4096), "direct");  // between the two forms: the model's
     EXPECT_EQ(c.algorithmFor("broadcast", 1024), "direct");   // small broadcast and all-gather too
     EXPECT_EQ(c.algorithmFor("all_gather", 3 * 512), "direct");
-    EXPECT_NE(c.algorithmFor("broadcast", 1u << 20), "direct");
+    EXPECT_EQ(c.algorithmFor("broadcast", 1u << 20), "direct");   // chunked, from three ranks
+    EXPECT_NE(c.algorithmFor("all_gather", 3u << 18), "direct");  // the ring between the forms
+    EXPECT_EQ(c.algorithmFor("all_gather", 3u << 21), "direct");  // chunked from 4 MiB in all
+    // Chunked broadcast and all-gather through halves of 2 KiB: hundreds of chunks, an uneven
+    // last one, every root, in place and not.
+    for (int root = 0; root < 3; ++root) {
+      std::vector<int32_t> b(100003), out(100003, -1);
+      for (size_t i = 0; i < b.size(); ++i) b[i] = c.rank() == root ? static_cast<int32_t>(i * 7 + root) : -2;
+      c.broadcast(b.data(), out.data(), b.size(), DataType::Int32, root);
+      c.broadcast(b.data(), b.data(), b.size(), DataType::Int32, root);
+      for (size_t i = 0; i < b.size(); ++i)
+        if (out[i] != static_cast<int32_t>(i * 7 + root) || b[i] != out[i])
+          FAIL() << "chunked broadcast from " << root << " at " << i << ": " << out[i] << ", " << b[i];
+    }
+    const size_t block = 349529;  // 4 MiB in all: the chunked form
+    std::vector<int32_t> mine(block), all(3 * block, -1), inplace(3 * block, -1);
+    for (size_t i = 0; i < block; ++i)
+      mine[i] = inplace[c.rank() * block + i] = static_cast<int32_t>(c.rank() * block + i);
+    c.allGather(mine.data(), all.data(), block, DataType::Int32);
+    c.allGather(inplace.data() + c.rank() * block, inplace.data(), block, DataType::Int32);
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i] != static_cast<int32_t>(i) || inplace[i] != all[i])
+        FAIL() << "chunked all-gather at " << i << ": " << all[i] << ", " << inplace[i];
     for (int root = 0; root < 3; ++root) {  // every root, each call in the other half
       std::vector<int16_t> b(300, c.rank() == root ? static_cast<int16_t>(root + 40) : -1);
       c.broadcast(b.data(), b.data(), b.size() * 2, DataType::Uint8, root);
