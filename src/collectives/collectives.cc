@@ -87,6 +87,7 @@ void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int6
       return algo == Algo::Binomial ? coll::reduceBinomial(ctx, a) : coll::reduceRing(ctx, a);
     case Coll::AllGather:
       if (algo == Algo::Direct) return coll::allGatherDirect(ctx, a);
+      if (algo == Algo::Pairwise) return coll::allGatherPairwise(ctx, a);
       return coll::allGatherRing(ctx, a);
     case Coll::ReduceScatter:
       return coll::reduceScatterRing(ctx, a);

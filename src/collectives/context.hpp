@@ -148,6 +148,8 @@ void broadcastChain(Context& c, const Args& a);
 void allToAllPairwise(Context& c, const Args& a);
 /// The same with a count and displacement per peer (Args::counts); not in place.
 void allToAllvPairwise(Context& c, const Args& a);
+/// All-gather: every rank sends its block to every other at once (no forwarding).
+void allGatherPairwise(Context& c, const Args& a);
 // direct.cc: within one node, reading the peers' staged data in place (shared-memory arena):
 // all-reduce, broadcast and all-gather (one barrier for small buffers, then one per chunk).
 void allReduceDirect(Context& c, const Args& a);

@@ -31,6 +31,23 @@ void allToAllPairwise(Context& c, const Args& a) {
   c.waitAll(reqs);
 }
 
+void allGatherPairwise(Context& c, const Args& a) {
+  const int n = c.size(), r = c.rank();
+  const size_t block = a.count * a.elem;
+  const uint8_t* in = cbytes(a.send);  // in place it is this rank's block of the output: never received into
+  uint8_t* out = bytes(a.recv);
+  std::vector<RequestPtr> reqs;
+  // Every rank sends its own block to every other, all at once: no block is forwarded, so over
+  // shared memory each peer reads it in one copy straight from the sender's buffer.
+  for (int k = 1; k < n; ++k) {
+    const int from = (r - k + n) % n;
+    reqs.push_back(c.recv(from, out + static_cast<size_t>(from) * block, block));
+  }
+  for (int k = 1; k < n; ++k) reqs.push_back(c.send((r + k) % n, in, block));
+  copyIfDistinct(out + static_cast<size_t>(r) * block, in, block);
+  c.waitAll(reqs);
+}
+
 void allToAllvPairwise(Context& c, const Args& a) {
   const int n = c.size(), r = c.rank();
   const size_t* sendCounts = a.counts->data();

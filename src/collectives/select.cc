@@ -35,7 +35,7 @@ std::vector<Algo> candidates(Coll c) {
     case Coll::Reduce:
       return {Algo::Ring, Algo::Binomial, Algo::Hierarchical};
     case Coll::AllGather:
-      return {Algo::Ring, Algo::Direct};
+      return {Algo::Ring, Algo::Direct, Algo::Pairwise};
     case Coll::ReduceScatter:
       return {Algo::Ring};
     case Coll::AllToAll:
@@ -260,6 +260,7 @@ Algo selectAlgo(Coll c, size_t bytes, int n, const CostModel& m, const std::stri
   double bestUs = modelUs(c, best, bytes, n, m);
   for (Algo x : cands) {
     if (x == Algo::Hierarchical || x == Algo::Direct) continue;  // need the node shape: Selector::pick
+    if (c == Coll::AllGather && x == Algo::Pairwise) continue;   // over shared memory only: Selector::pick
     double t = modelUs(c, x, bytes, n, m);
     if (t < bestUs) {
       best = x;
@@ -313,17 +314,20 @@ Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   if (direct() && c == Coll::AllReduce && (bytes <= shape_.directSmallMaxBytes || bytes >= shape_.directMinBytes))
     a = Algo::Direct;
   // Broadcast and all-gather: the one-barrier form for small buffers (per rank's block, for
-  // all-gather); beyond it, from three ranks on, the chunked form. With two ranks the chain and
-  // ring read the peer's buffer in one copy (process_vm_readv) where the direct form stages it
-  // first, and win: 2 ranks, 256 KiB-1 MiB broadcast 6-7.5 GB/s against 1.5. From three ranks the
-  // readers all take the root's chunk at once: broadcast 3-4 ranks 64 KiB-64 MiB 1.5-4x the chain;
-  // all-gather 4 ranks from 4 MiB 1.5-3x the ring, but behind it at 256 KiB-1 MiB (interleaved
-  // runs on this 2-core machine, bench/*_perf with LOOM_ALGO=broadcast:direct|chain).
+  // all-gather); beyond it, from three ranks on, the chunked form. With two ranks the chain reads
+  // the root's buffer in one copy (process_vm_readv) where the direct form stages it first, and
+  // wins: 2 ranks, 256 KiB-1 MiB broadcast 6-7.5 GB/s against 1.5. From three ranks the readers all
+  // take the root's chunk at once: broadcast 3-4 ranks 64 KiB-64 MiB 1.5-4x the chain. All-gathers
+  // between the two direct forms go pairwise: every rank reads every peer's block in one copy
+  // straight from its input, where the ring forwards what it received (2 ranks 256 KiB-4 MiB
+  // 3.4-5.0 GB/s against 0.7-2.0; 3-4 ranks 256 KiB-1 MiB 1.2-2.2 against 0.6-2.0); from 4 MiB
+  // in all, three ranks and more stage chunks (4 ranks, 4 MiB: 2.4-4.1 against pairwise 2.2-2.3).
+  // Interleaved runs on this 2-core machine, bench/*_perf with LOOM_ALGO=broadcast:...|allgather:...
   if (direct() && c == Coll::Broadcast && (bytes <= shape_.directSmallMaxBytes || ranks >= 3)) a = Algo::Direct;
-  if (direct() && c == Coll::AllGather && ranks > 0 &&
-      (bytes / static_cast<size_t>(ranks) <= shape_.directSmallMaxBytes ||
-       (ranks >= 3 && bytes >= kDirectAllGatherMinBytes)))
-    a = Algo::Direct;
+  if (direct() && c == Coll::AllGather && ranks > 0) {
+    const bool small = bytes / static_cast<size_t>(ranks) <= shape_.directSmallMaxBytes;
+    a = small || (ranks >= 3 && bytes >= kDirectAllGatherMinBytes) ? Algo::Direct : Algo::Pairwise;
+  }
   if (hierarchical() && (c == Coll::AllReduce || c == Coll::Broadcast || c == Coll::Reduce) &&
       hierarchicalUs(c, bytes) < modelUs(c, a, bytes, ranks, m_))
     a = Algo::Hierarchical;

@@ -116,12 +116,13 @@ std::string matrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
 INSTANTIATE_TEST_SUITE_P(Shm, SmallMatrix,
                          ::testing::Combine(::testing::Range(1, 9),
                                             ::testing::Values("", "ring", "ring+3", "rd,tree", "hd", "dbtree", "chain",
-                                                              "direct"),
+                                                              "direct", "pairwise"),
                                             ::testing::Values("shm")),
                          matrixName);
 INSTANTIATE_TEST_SUITE_P(Tcp, SmallMatrix,
                          ::testing::Combine(::testing::Values(2, 3, 8),
-                                            ::testing::Values("", "ring+3", "rd,tree", "hd", "dbtree", "chain"),
+                                            ::testing::Values("", "ring+3", "rd,tree", "hd", "dbtree", "chain",
+                                                              "pairwise"),
                                             ::testing::Values("tcp")),
                          matrixName);
 INSTANTIATE_TEST_SUITE_P(Mixed, SmallMatrix,
@@ -158,7 +159,8 @@ TEST_P(LargeCounts, EveryCollective) {
 
 INSTANTIATE_TEST_SUITE_P(Shm, LargeCounts,
                          ::testing::Combine(::testing::Values(2, 3, 5, 8),
-                                            ::testing::Values("ring", "ring+4", "rd,tree", "hd", "dbtree", "direct"),
+                                            ::testing::Values("ring", "ring+4", "rd,tree", "hd", "dbtree", "direct",
+                                                              "pairwise"),
                                             ::testing::Values("shm")),
                          matrixName);
 INSTANTIATE_TEST_SUITE_P(Tcp, LargeCounts,
