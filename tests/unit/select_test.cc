@@ -176,7 +176,14 @@ TEST(Selector, DirectAllReduceFromItsThresholdWhenEveryRankSharesTheArena) {
   EXPECT_EQ(loom::coll::Selector(shm, "", shape).pick(Coll::AllReduce, 8, 4), Algo::Direct);
   EXPECT_EQ(loom::coll::directSmallMaxBytes(4 << 20), 16u * 1024);
   EXPECT_EQ(loom::coll::directSmallMaxBytes(8192), 2048u);
-  EXPECT_NE(sel.pick(Coll::Broadcast, 256u << 20, 4), Algo::Direct);  // all-reduce only
+  // Broadcast: chunked from three ranks; with two the chain's single-copy reads. All-gather:
+  // chunked from three ranks and 4 MiB in all, pairwise between the forms.
+  EXPECT_EQ(sel.pick(Coll::Broadcast, 256u << 20, 4), Algo::Direct);
+  EXPECT_EQ(sel.pick(Coll::AllGather, 4u << 20, 4), Algo::Direct);
+  EXPECT_EQ(sel.pick(Coll::AllGather, 1u << 20, 4), Algo::Pairwise);
+  loom::coll::Selector two(shm, "", shape);  // a selector serves one world size (it memoizes by size)
+  EXPECT_NE(two.pick(Coll::Broadcast, 256u << 20, 2), Algo::Direct);
+  EXPECT_EQ(two.pick(Coll::AllGather, 64u << 20, 2), Algo::Pairwise);
   shape.direct = false;
   EXPECT_NE(loom::coll::Selector(shm, "", shape).pick(Coll::AllReduce, 256u << 20, 4), Algo::Direct);
   EXPECT_EQ(loom::coll::Selector(shm, "direct", shape).pick(Coll::AllReduce, 8, 4), Algo::Direct);  // forced
