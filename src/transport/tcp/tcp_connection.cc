@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "core/format.hpp"
 #include "core/logging.hpp"
@@ -907,13 +908,28 @@ void TcpConnection::failFrom(const Status& given, std::unique_lock<std::mutex>& 
   // fail on the closed socket before the reader has seen the word): read it if it is there.
   Status st = given;
   Stream& s0 = *streams_[0];
-  if (!closed_ && given.code == ErrorCode::Remote && !s0.reading && !s0.eof && byeReason_.empty() && !byeFailed_) {
-    Status word = read(s0, lock);
+  // A BYE whose header was read but not yet its reason is still worth finishing.
+  const bool byeArriving = byeFailed_ && s0.inPayload && s0.sink == Sink::Bye;
+  if (!closed_ && given.code == ErrorCode::Remote && !s0.eof && byeReason_.empty() && (!byeFailed_ || byeArriving)) {
+    // Another thread may be in its (non-blocking) recv on stream 0 right now, perhaps taking in
+    // that very word: let it finish rather than report the bare broken link.
+    for (int i = 0; i < 10000 && s0.reading && !closed_; ++i) {
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
     if (closed_) return;
-    if (!word.ok && (byeFailed_ || word.message.find("left the communicator") != std::string::npos)) st = word;
-    if (!byeReason_.empty())
-      st = Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, byeReason_.c_str()),
-                         peer_);
+    if (!s0.reading && !s0.eof && byeReason_.empty()) {
+      const bool sawFailedBye = byeFailed_;
+      Status word = read(s0, lock);
+      if (closed_) return;
+      if (!word.ok &&
+          ((byeFailed_ && !sawFailedBye) || word.message.find("left the communicator") != std::string::npos))
+        st = word;
+      if (!byeReason_.empty())
+        st = Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, byeReason_.c_str()),
+                           peer_);
+    }
   }
   // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
   // leaves mid-operation fails the communicator.
