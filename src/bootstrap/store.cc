@@ -35,4 +35,32 @@ bool Store::waitAll(const std::vector<std::string>& keys, const Deadline& deadli
   return false;
 }
 
+bool Store::setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds) {
+  try {
+    set(key, value);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::optional<Bytes> Store::tryGetBounded(const std::string& key, std::chrono::milliseconds) {
+  try {
+    return tryGet(key);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+std::optional<Bytes> Store::getBounded(const std::string& key, const Deadline& deadline,
+                                       std::chrono::milliseconds limit) {
+  auto pause = std::chrono::microseconds(100);
+  for (;;) {
+    if (auto v = tryGetBounded(key, limit)) return v;
+    if (deadline.expired()) return std::nullopt;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+  }
+}
+
 }  // namespace loom

@@ -3,6 +3,7 @@
 // PrefixStore (a namespace inside another store, one per communicator). Thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -30,6 +31,14 @@ class Store {
   bool waitAll(const std::vector<std::string>& keys, const Deadline& deadline, std::vector<std::string>* missing);
 
   void setString(const std::string& key, const std::string& value) { set(key, Bytes(value.begin(), value.end())); }
+
+  // For notes written and read on a failure path, where a store host that stopped answering must
+  // not hold the caller for the store's whole operation timeout: every request gives up after
+  // `limit`. They never throw (false or nullopt on a timeout or any other error).
+  virtual bool setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit);
+  virtual std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit);
+  /// Waits until `key` is set or `deadline` passes, each request bounded by `limit`.
+  std::optional<Bytes> getBounded(const std::string& key, const Deadline& deadline, std::chrono::milliseconds limit);
 };
 
 /// Keys of `base` under "prefix/". Shares ownership of base.
@@ -40,6 +49,12 @@ class PrefixStore : public Store {
   void set(const std::string& key, const Bytes& value) override { base_->set(prefix_ + key, value); }
   std::optional<Bytes> tryGet(const std::string& key) override { return base_->tryGet(prefix_ + key); }
   int64_t add(const std::string& key, int64_t delta) override { return base_->add(prefix_ + key, delta); }
+  bool setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit) override {
+    return base_->setBounded(prefix_ + key, value, limit);
+  }
+  std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit) override {
+    return base_->tryGetBounded(prefix_ + key, limit);
+  }
 
  private:
   std::string prefix_;

@@ -77,13 +77,19 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, const JobKey& 
   LOOM_TRACE("connected to the rendezvous store at %s", endpoint_.c_str());
 }
 
-Bytes TcpStoreClient::roundTrip(const Bytes& request, uint8_t* status) {
-  std::lock_guard<std::mutex> lock(mu_);
+Bytes TcpStoreClient::roundTrip(const Bytes& request, uint8_t* status, std::chrono::milliseconds limit) {
+  if (limit.count() <= 0) limit = opTimeout_;
+  std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+  if (!lock.try_lock_for(limit)) {
+    LOOM_THROW(ErrorCode::Timeout, rank_,
+               strFormat("rendezvous store at %s: another request has been waiting for its reply for %lld ms",
+                         endpoint_.c_str(), static_cast<long long>(limit.count())));
+  }
   if (!sock_.valid()) {
     LOOM_THROW(ErrorCode::Remote, rank_,
                strFormat("the connection to the rendezvous store at %s was lost", endpoint_.c_str()));
   }
-  Deadline deadline(opTimeout_);
+  Deadline deadline(limit);
   int err = sendAll(sock_.fd(), request.data(), request.size(), deadline);
   uint8_t head[5];
   if (err == 0) err = recvAll(sock_.fd(), head, sizeof(head), deadline);
@@ -111,6 +117,27 @@ std::optional<Bytes> TcpStoreClient::tryGet(const std::string& key) {
   Bytes v = roundTrip(storewire::encodeRequest(storewire::Op::TryGet, key, {}), &status);
   if (status == static_cast<uint8_t>(storewire::Reply::NotFound)) return std::nullopt;
   return v;
+}
+
+bool TcpStoreClient::setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit) {
+  try {
+    uint8_t status = 0;
+    roundTrip(storewire::encodeRequest(storewire::Op::Set, key, value), &status, limit);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::optional<Bytes> TcpStoreClient::tryGetBounded(const std::string& key, std::chrono::milliseconds limit) {
+  try {
+    uint8_t status = 0;
+    Bytes v = roundTrip(storewire::encodeRequest(storewire::Op::TryGet, key, {}), &status, limit);
+    if (status == static_cast<uint8_t>(storewire::Reply::NotFound)) return std::nullopt;
+    return v;
+  } catch (...) {
+    return std::nullopt;
+  }
 }
 
 int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {

@@ -24,17 +24,21 @@ class TcpStoreClient : public Store {
   void set(const std::string& key, const Bytes& value) override;
   std::optional<Bytes> tryGet(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  bool setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit) override;
+  std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit) override;
 
   /// "host:port" of the server.
   const std::string& endpoint() const { return endpoint_; }
 
  private:
-  Bytes roundTrip(const Bytes& request, uint8_t* status);
+  /// One request and its reply, within `limit` (the operation timeout when zero), waiting at
+  /// most that long for another thread's request too. A request cut short loses the connection.
+  Bytes roundTrip(const Bytes& request, uint8_t* status, std::chrono::milliseconds limit = {});
 
   std::string endpoint_;
   int rank_;
   std::chrono::milliseconds opTimeout_;
-  std::mutex mu_;
+  std::timed_mutex mu_;
   Socket sock_;
 };
 

@@ -26,6 +26,14 @@ LOOM_PARAM_INT(timeoutParam, "LOOM_TIMEOUT", 300, "seconds any wait may last bef
 LOOM_PARAM_INT(initTimeoutParam, "LOOM_INIT_TIMEOUT", 120, "seconds all ranks have to join a communicator");
 LOOM_PARAM_INT(socketsPerPeerParam, "LOOM_SOCKETS_PER_PEER", 2, "TCP sockets striped per peer (1 to 16)");
 
+// A failing rank's word in the store (leaveWord / lastWordOf): its first error, this long at most.
+constexpr size_t kMaxWordBytes = 4096;
+// Each store request on a failure path gives up after this (a stopped store host must not add
+// the whole operation timeout to an error that is already known).
+constexpr std::chrono::milliseconds kStoreNoteLimit(2000);
+
+std::string lastWordKey(int rank) { return "left/" + std::to_string(rank); }
+
 std::string hostName() {
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
@@ -94,6 +102,10 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   ctx.failure = failure_;
   ctx.deadline = deadline;
   ctx.socketsPerPeer = sockets;
+  ctx.lastWordOf = [store = access_.store](int peer, std::chrono::milliseconds wait) {
+    auto v = store->getBounded(lastWordKey(peer), Deadline(wait), kStoreNoteLimit);
+    return v ? std::string(v->begin(), v->end()) : std::string();
+  };
   for (const auto& e : entries) {
     transports_.push_back(e.make());
     transports_.back()->publish(ctx);
@@ -168,7 +180,10 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   }
 
   queue_ = std::make_unique<OpQueue>(rank);
-  failure_->setHook([this](const Status& s) { failEverything(s); });
+  failure_->setHook([this](const Status& s) {
+    leaveWord(s);
+    failEverything(s);
+  });
   progress_ = std::make_shared<ProgressHook>(this);
   if (logLevel() >= LogLevel::Info) {
     LOOM_INFO("communicator \"%s\": rank %d of %d ready (%s; store %s; timeout %.0f s)", name_.c_str(), rank, size,
@@ -240,6 +255,14 @@ CommImpl::~CommImpl() {
     if (c) c->failAll(bye);
   conns_.clear();
   transports_.clear();
+}
+
+void CommImpl::leaveWord(const Status& status) {
+  // Before the links close: a peer that sees one break without a word looks here (lastWordOf).
+  if (size_ == 1) return;
+  const std::string word = status.message.substr(0, kMaxWordBytes);
+  if (!access_.store->setBounded(lastWordKey(rank_), Bytes(word.begin(), word.end()), kStoreNoteLimit))
+    LOOM_INFO("could not leave this rank's word in the rendezvous store");
 }
 
 void CommImpl::failEverything(const Status& status) {

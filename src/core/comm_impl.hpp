@@ -190,6 +190,9 @@ class CommImpl : public Progressable {
   bool runInlineIfIdle(FunctionRef<void(int64_t)> body, uint64_t sig);
   void join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin);
   void failEverything(const Status& status);
+  /// Notes this rank's first failure in the store, for the peers whose link to it breaks without
+  /// a word (TransportContext::lastWordOf). Best effort and bounded in time.
+  void leaveWord(const Status& status);
   /// Reads every rank's host identity from the store and groups the ranks by node.
   void mapNodes(Store& store, const Deadline& deadline);
 

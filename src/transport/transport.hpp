@@ -116,6 +116,10 @@ struct TransportContext {
   Deadline deadline{std::chrono::milliseconds(0)};  ///< for setting up
   int socketsPerPeer = 2;
   std::vector<int> nodeOf;  ///< by rank: its node (ranks that can share memory), once known
+  /// The word `peer` left when its communicator failed (its first error, noted in the store before
+  /// it closed its links), or "" when it left none by `wait`: for a link that broke without the
+  /// peer's BYE, so that the error says what brought the peer down (often a third rank).
+  std::function<std::string(int peer, std::chrono::milliseconds wait)> lastWordOf;
 };
 
 class Transport {

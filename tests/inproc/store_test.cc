@@ -57,6 +57,28 @@ TEST(Store, SetGetAddAcrossClients) {
   EXPECT_EQ(*b.tryGet("big"), big);
 }
 
+// The bounded requests of a failure path (a rank's last word): they work like set and get while
+// the store answers, and once its host is gone they fail quietly within their bounds.
+TEST(Store, BoundedRequestsNeverThrowAndKeepTheirBounds) {
+  JobKey key = deriveJobKey("store-test");
+  auto server = std::make_unique<TcpStoreServer>(SockAddr::resolve("127.0.0.1", 0).front(), key);
+  TcpStoreClient a("127.0.0.1", server->port(), key, 0, Deadline(5s), 5s);
+  auto b = std::make_shared<TcpStoreClient>("127.0.0.1", server->port(), key, 1, Deadline(5s), 5s);
+  PrefixStore pb("comm", b);
+  EXPECT_TRUE(a.setBounded("comm/left/0", text("rank 3 closed its connection"), 500ms));
+  auto v = pb.getBounded("left/0", Deadline(200ms), 500ms);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(std::string(v->begin(), v->end()), "rank 3 closed its connection");
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pb.getBounded("left/1", Deadline(100ms), 500ms).has_value());  // never set: waits its deadline
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  server.reset();
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(a.setBounded("comm/left/0", text("again"), 500ms));
+  EXPECT_FALSE(pb.getBounded("left/0", Deadline(100ms), 500ms).has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
 // A counter pushed past INT64_MAX wraps around (two's complement) instead of overflowing inside the
 // server (undefined behaviour; found by the store_server fuzzer), and the server goes on serving.
 TEST(Store, AddPastTheLargestCounterWraps) {

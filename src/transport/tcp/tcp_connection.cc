@@ -25,6 +25,9 @@ constexpr size_t kDirectReadBytes = 32 * 1024;
 constexpr size_t kHeaderReadBytes = 4096;
 // Streams poll() checks for readiness at once (LOOM_SOCKETS_PER_PEER is at most 16).
 constexpr size_t kMaxStreams = 16;
+// How long a link that broke without a word waits for the peer's word in the store (a failing
+// peer notes it before it closes its links, so it is there at once unless the peer was killed).
+constexpr std::chrono::milliseconds kLastWordWait(1000);
 constexpr int kMaxIov = 64;
 // What the receive thread may write inline (control frames, small replies) before it hands the
 // rest to the send engine.
@@ -87,12 +90,14 @@ struct TcpConnection::Stream {
 
 TcpConnection::TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine,
                              ProgressEngine* sendEngine, std::shared_ptr<FailureState> failure, TcpOptions options,
-                             std::string description, const std::atomic<int>* sleepers)
+                             std::string description, const std::atomic<int>* sleepers,
+                             std::function<std::string(int, std::chrono::milliseconds)> lastWordOf)
     : rank_(rank),
       peer_(peer),
       recvEngine_(recvEngine),
       sendEngine_(sendEngine),
       failure_(std::move(failure)),
+      lastWordOf_(std::move(lastWordOf)),
       options_(options),
       description_(std::move(description)),
       sleepers_(sleepers) {
@@ -930,6 +935,20 @@ void TcpConnection::failFrom(const Status& given, std::unique_lock<std::mutex>& 
         st = Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, byeReason_.c_str()),
                            peer_);
     }
+  }
+  // No word on the link (the peer was killed, or its BYE could not get between the frames it was
+  // writing): a peer whose communicator failed left its first error in the store.
+  if (!closed_ && given.code == ErrorCode::Remote && st.message == given.message && byeReason_.empty() && !byeFailed_ &&
+      lastWordOf_ && hasPendingLocked()) {
+    if (askingLastWord_) return;  // another thread asks, and fails the link with the answer
+    askingLastWord_ = true;
+    lock.unlock();
+    const std::string word = lastWordOf_(peer_, kLastWordWait);
+    lock.lock();
+    askingLastWord_ = false;
+    if (closed_) return;
+    if (!word.empty())
+      st = Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, word.c_str()), peer_);
   }
   // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
   // leaves mid-operation fails the communicator.

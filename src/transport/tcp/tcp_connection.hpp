@@ -68,7 +68,8 @@ class TcpConnection : public Connection {
   /// receive engine reads every connection.
   TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine, ProgressEngine* sendEngine,
                 std::shared_ptr<FailureState> failure, TcpOptions options, std::string description,
-                const std::atomic<int>* sleepers);
+                const std::atomic<int>* sleepers,
+                std::function<std::string(int, std::chrono::milliseconds)> lastWordOf = nullptr);
   ~TcpConnection() override;
 
   /// Registers the sockets with the engines.
@@ -202,6 +203,9 @@ class TcpConnection : public Connection {
   ProgressEngine* const recvEngine_;  // both outlive this: the communicator stops them first
   ProgressEngine* const sendEngine_;
   const std::shared_ptr<FailureState> failure_;
+  /// TransportContext::lastWordOf (may be empty).
+  const std::function<std::string(int, std::chrono::milliseconds)> lastWordOf_;
+  bool askingLastWord_ = false;  ///< a thread is asking for the peer's word (failFrom, unlocked)
   const TcpOptions options_;
   const std::string description_;
 

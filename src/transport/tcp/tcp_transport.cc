@@ -475,7 +475,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
     std::string desc =
         strFormat("rank %d <-> rank %d: tcp, %d socket%s, via %s", ctx.rank, peer, S, S == 1 ? "" : "s", via.c_str());
     auto conn = std::make_unique<TcpConnection>(ctx.rank, peer, std::move(done[peer]), ctx.engine, ctx.sendEngine,
-                                                ctx.failure, options, desc, &sleepers_);
+                                                ctx.failure, options, desc, &sleepers_, ctx.lastWordOf);
     conn->start();
     conns_.push_back(conn.get());
     out.push_back(std::move(conn));
