@@ -78,12 +78,22 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, const JobKey& 
 }
 
 Bytes TcpStoreClient::roundTrip(const Bytes& request, uint8_t* status, std::chrono::milliseconds limit) {
-  if (limit.count() <= 0) limit = opTimeout_;
-  std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-  if (!lock.try_lock_for(limit)) {
-    LOOM_THROW(ErrorCode::Timeout, rank_,
-               strFormat("rendezvous store at %s: another request has been waiting for its reply for %lld ms",
-                         endpoint_.c_str(), static_cast<long long>(limit.count())));
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (limit.count() <= 0) {
+    limit = opTimeout_;
+    lock.lock();
+  } else {
+    // Bounded: another thread's request may hold the connection, for as long as its own limit.
+    // (Polled, not a timed mutex: ThreadSanitizer does not follow pthread_mutex_timedlock.)
+    const Deadline lockBy(limit);
+    while (!lock.try_lock()) {
+      if (lockBy.expired()) {
+        LOOM_THROW(ErrorCode::Timeout, rank_,
+                   strFormat("rendezvous store at %s: another request has been waiting for its reply for %lld ms",
+                             endpoint_.c_str(), static_cast<long long>(limit.count())));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
   }
   if (!sock_.valid()) {
     LOOM_THROW(ErrorCode::Remote, rank_,

@@ -38,7 +38,7 @@ class TcpStoreClient : public Store {
   std::string endpoint_;
   int rank_;
   std::chrono::milliseconds opTimeout_;
-  std::timed_mutex mu_;
+  std::mutex mu_;
   Socket sock_;
 };
 

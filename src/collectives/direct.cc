@@ -149,7 +149,7 @@ void allReduceDirect(Context& c, const Args& a) {
         kernels::reduce(dst, acc, ar.buffers[static_cast<size_t>(p)] + at, s.count, a.type, a.op);
         acc = dst;
       }
-      if (n == 1 && dst != own) std::memcpy(dst, own, s.count * E);
+      if (n == 1) copyIfDistinct(dst, own, s.count * E);
       if (a.op == ReduceOp::Avg) kernels::divide(dst, s.count, a.type, n);
       std::memcpy(mine + s.offset * E, dst, s.count * E);
     }

@@ -357,6 +357,24 @@ TEST(Shm, DirectAllReduceAcrossChunksAndMismatches) {
   }
 }
 
+// A peer that sends its last message and leaves at once (the last step of a barrier): the message
+// is still delivered, to a receive posted after the link saw the peer go.
+TEST(Shm, MessageSentJustBeforeThePeerLeftIsStillReceived) {
+  auto results = loomtest::runRanks(2, [](loom::Communicator& c) {
+    int32_t v = 0;
+    if (c.rank() == 1) {
+      v = 4242;
+      c.send(&v, 1, DataType::Int32, 0, 7);
+      return;  // destroys its communicator at once
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the link sees rank 1 close meanwhile
+    c.recv(&v, 1, DataType::Int32, 1, 7);
+    EXPECT_EQ(v, 4242);
+  });
+  EXPECT_EQ(results[0].error, "");
+  EXPECT_EQ(results[1].error, "");
+}
+
 // A rank that leaves (or fails) while the others wait for it in a direct collective: they hear
 // it at once, naming it, instead of at their deadline.
 TEST(Shm, DirectCollectivesNameARankThatLeft) {

@@ -150,15 +150,16 @@ void ShmConnection::sendControl(FrameType type, uint64_t seq, uint64_t sig) {
 
 void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept {
   std::unique_lock<std::mutex> in(inMu_);
-  if (closed_) return req->fail(closedStatus_);
+  // Unexpected messages in arrival order; the first with this tag matches. On a closed link too:
+  // what the peer sent before it went stays for its receive (failLocked).
+  auto it = std::find_if(unexpected_.begin(), unexpected_.end(),
+                         [tag](const std::shared_ptr<Unexpected>& x) { return x->frame.tag == tag; });
+  if (closed_ && it == unexpected_.end()) return req->fail(closedStatus_);
   auto op = std::make_shared<RecvOp>();
   op->req = req;
   op->buf = static_cast<uint8_t*>(buf);
   op->capacity = bytes;
   op->tag = tag;
-  // Unexpected messages in arrival order; the first with this tag matches.
-  auto it = std::find_if(unexpected_.begin(), unexpected_.end(),
-                         [tag](const std::shared_ptr<Unexpected>& x) { return x->frame.tag == tag; });
   if (it == unexpected_.end()) {
     posted_.push_back(std::move(op));
     return;
@@ -596,7 +597,14 @@ bool ShmConnection::failLocked(const Status& st, bool record) {
   posted_.clear();
   for (auto& u : unexpected_)
     if (u->claimedBy) failReq(u->claimedBy->req);
-  unexpected_.clear();
+  // Eager messages fully received stay: a peer that closed cleanly right after its last send (the
+  // last step of a barrier) has delivered it, and the receive may not be posted yet.
+  unexpected_.erase(std::remove_if(unexpected_.begin(), unexpected_.end(),
+                                   [](const std::shared_ptr<Unexpected>& u) {
+                                     return !u->complete || u->claimedBy ||
+                                            u->frame.type != static_cast<uint8_t>(FrameType::Eager);
+                                   }),
+                    unexpected_.end());
   if (sinkUnexpected_ && sinkUnexpected_->claimedBy) failReq(sinkUnexpected_->claimedBy->req);
   if (sinkOp_) failReq(sinkOp_->req);
   for (auto& [seq, op] : incoming_) failReq(op->req);

@@ -25,9 +25,10 @@ constexpr size_t kDirectReadBytes = 32 * 1024;
 constexpr size_t kHeaderReadBytes = 4096;
 // Streams poll() checks for readiness at once (LOOM_SOCKETS_PER_PEER is at most 16).
 constexpr size_t kMaxStreams = 16;
-// How long a link that broke without a word waits for the peer's word in the store (a failing
-// peer notes it before it closes its links, so it is there at once unless the peer was killed).
-constexpr std::chrono::milliseconds kLastWordWait(1000);
+// How long a link that broke without a word waits for the peer's word in the store: a failing
+// peer notes it before it closes its other links, so it is there at once, or never (the peer was
+// killed); the wait covers a peer that failed on this very link, and closed it first.
+constexpr std::chrono::milliseconds kLastWordWait(250);
 constexpr int kMaxIov = 64;
 // What the receive thread may write inline (control frames, small replies) before it hands the
 // rest to the send engine.
@@ -143,7 +144,7 @@ Status TcpConnection::malformed(const std::string& why) const {
 void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept {
   std::unique_lock<std::mutex> lock(mu_);
   if (closed_) {
-    req->fail(closedStatus_);
+    failClosedLocked(req, lock);
     return;
   }
   noteUnattendedLocked(req);
@@ -258,7 +259,7 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
       if (!st.ok) failFrom(st, lock);
     }
   } else if (closed_) {
-    req->fail(closedStatus_);
+    failClosedLocked(req, lock);
   } else {
     auto& q = posted_[tag];
     q.push_back(op);
@@ -937,9 +938,12 @@ void TcpConnection::failFrom(const Status& given, std::unique_lock<std::mutex>& 
     }
   }
   // No word on the link (the peer was killed, or its BYE could not get between the frames it was
-  // writing): a peer whose communicator failed left its first error in the store.
-  if (!closed_ && given.code == ErrorCode::Remote && st.message == given.message && byeReason_.empty() && !byeFailed_ &&
-      lastWordOf_ && hasPendingLocked()) {
+  // writing): a peer whose communicator failed left its first error in the store. With nothing
+  // pending the link may just have ended (a peer that exited): asked only if an operation comes.
+  const bool wordless = given.code == ErrorCode::Remote && st.message == given.message && byeReason_.empty() &&
+                        !byeFailed_ && lastWordOf_;
+  if (!closed_ && wordless && !hasPendingLocked()) wordUnasked_ = true;
+  if (!closed_ && wordless && !wordUnasked_) {
     if (askingLastWord_) return;  // another thread asks, and fails the link with the answer
     askingLastWord_ = true;
     lock.unlock();
@@ -960,6 +964,24 @@ void TcpConnection::failFrom(const Status& given, std::unique_lock<std::mutex>& 
   } else {
     LOOM_INFO("%s", st.message.c_str());
   }
+}
+
+void TcpConnection::failClosedLocked(const RequestPtr& req, std::unique_lock<std::mutex>& lock) {
+  if (wordUnasked_ && !askingLastWord_) {
+    // The link ended without a word while nothing was pending; an operation on it now fails, so
+    // its error should say why the peer went, if the peer said it in the store.
+    wordUnasked_ = false;
+    askingLastWord_ = true;
+    const Status bare = closedStatus_;
+    lock.unlock();
+    const std::string word = lastWordOf_(peer_, kLastWordWait);
+    lock.lock();
+    askingLastWord_ = false;
+    if (!word.empty() && closedStatus_.message == bare.message)
+      closedStatus_ =
+          Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, word.c_str()), peer_);
+  }
+  req->fail(closedStatus_);
 }
 
 bool TcpConnection::hasPendingLocked() const {

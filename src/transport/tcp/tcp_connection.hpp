@@ -191,6 +191,9 @@ class TcpConnection : public Connection {
   /// Tells the peer why this side goes (a BYE frame: `failed`, or destroyed cleanly), when stream 0
   /// is between frames; best effort.
   void sayByeLocked(const Status& status, bool failed);
+  /// Fails `req`, an operation on a closed link, with the reason it closed (asking the store for
+  /// the peer's word first if the link ended without one while nothing was pending).
+  void failClosedLocked(const RequestPtr& req, std::unique_lock<std::mutex>& lock);
   void abandonReadLocked(Stream& s);
   void abandonWritesLocked(Stream& s);
   /// Runs after a failure found on a stream: fails the connection, then the communicator.
@@ -205,7 +208,8 @@ class TcpConnection : public Connection {
   const std::shared_ptr<FailureState> failure_;
   /// TransportContext::lastWordOf (may be empty).
   const std::function<std::string(int, std::chrono::milliseconds)> lastWordOf_;
-  bool askingLastWord_ = false;  ///< a thread is asking for the peer's word (failFrom, unlocked)
+  bool askingLastWord_ = false;  ///< a thread is asking for the peer's word (unlocked)
+  bool wordUnasked_ = false;     ///< the link ended without a word, with nothing pending: not asked yet
   const TcpOptions options_;
   const std::string description_;
 
