@@ -4,28 +4,37 @@
 #include <thread>
 
 namespace loom {
+namespace {
+
+// Waits poll the store with a growing pause: that keeps the store server stateless about
+// waiters; rendezvous is not latency-critical, and the pause is capped so that joins still
+// complete within milliseconds.
+class Backoff {
+ public:
+  void pause() {
+    std::this_thread::sleep_for(pause_);
+    pause_ = std::min(pause_ * 2, std::chrono::microseconds(20000));
+  }
+
+ private:
+  std::chrono::microseconds pause_{100};
+};
+
+}  // namespace
 
 std::optional<Bytes> Store::get(const std::string& key, const Deadline& deadline) {
-  // Polling with a growing pause keeps the store server stateless about waiters; rendezvous is
-  // not latency-critical, and the pause is capped so joins still complete within milliseconds.
-  auto pause = std::chrono::microseconds(100);
-  for (;;) {
+  for (Backoff b;; b.pause()) {
     if (auto v = tryGet(key)) return v;
     if (deadline.expired()) return std::nullopt;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(20000));
   }
 }
 
 bool Store::waitAll(const std::vector<std::string>& keys, const Deadline& deadline, std::vector<std::string>* missing) {
-  auto pause = std::chrono::microseconds(100);
   size_t next = 0;
-  for (;;) {
+  for (Backoff b;; b.pause()) {
     while (next < keys.size() && tryGet(keys[next])) ++next;
     if (next == keys.size()) return true;
     if (deadline.expired()) break;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(20000));
   }
   if (missing != nullptr) {
     missing->clear();
@@ -54,12 +63,9 @@ std::optional<Bytes> Store::tryGetBounded(const std::string& key, std::chrono::m
 
 std::optional<Bytes> Store::getBounded(const std::string& key, const Deadline& deadline,
                                        std::chrono::milliseconds limit) {
-  auto pause = std::chrono::microseconds(100);
-  for (;;) {
+  for (Backoff b;; b.pause()) {
     if (auto v = tryGetBounded(key, limit)) return v;
     if (deadline.expired()) return std::nullopt;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(20000));
   }
 }
 

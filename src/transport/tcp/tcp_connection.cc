@@ -29,6 +29,9 @@ constexpr size_t kMaxStreams = 16;
 // peer notes it before it closes its other links, so it is there at once, or never (the peer was
 // killed); the wait covers a peer that failed on this very link, and closed it first.
 constexpr std::chrono::milliseconds kLastWordWait(250);
+// The longest an ask can take: kLastWordWait, then the last store request's own limit (2 s,
+// kStoreNoteLimit in core/comm_impl.cc), with room to spare.
+constexpr std::chrono::milliseconds kLastWordAskBound(3000);
 constexpr int kMaxIov = 64;
 // What the receive thread may write inline (control frames, small replies) before it hands the
 // rest to the send engine.
@@ -675,10 +678,7 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
         byeReason_ = s.bye.empty() ? "it was destroyed" : s.bye;
         return Status::success();
       }
-      return Status::error(
-          ErrorCode::Remote,
-          strFormat("rank %d left the communicator: %s", peer_, s.bye.empty() ? "it was destroyed" : s.bye.c_str()),
-          peer_);
+      return leftStatus(s.bye.empty() ? "it was destroyed" : s.bye);
     }
     case Sink::Unexpected:
       s.ux->complete = true;
@@ -879,12 +879,13 @@ void TcpConnection::pollEnd() noexcept {
 Status TcpConnection::closedByPeerLocked() {
   for (const auto& x : streams_)
     if (!x->eof) return Status::success();
-  Status st = Status::error(
-      ErrorCode::Remote,
+  Status st =
       byeReason_.empty()
-          ? strFormat("rank %d closed its connection (it exited, crashed or destroyed its communicator)", peer_)
-          : strFormat("rank %d left the communicator: %s", peer_, byeReason_.c_str()),
-      peer_);
+          ? Status::error(
+                ErrorCode::Remote,
+                strFormat("rank %d closed its connection (it exited, crashed or destroyed its communicator)", peer_),
+                peer_)
+          : leftStatus(byeReason_);
   // A writer in sendmsg may have delivered its last frame without having recorded it yet: judge
   // whether anything is pending only once it has (see flush).
   if (anyWritingLocked()) {
@@ -932,9 +933,7 @@ void TcpConnection::failFrom(const Status& given, std::unique_lock<std::mutex>& 
       if (!word.ok &&
           ((byeFailed_ && !sawFailedBye) || word.message.find("left the communicator") != std::string::npos))
         st = word;
-      if (!byeReason_.empty())
-        st = Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, byeReason_.c_str()),
-                           peer_);
+      if (!byeReason_.empty()) st = leftStatus(byeReason_);
     }
   }
   // No word on the link (the peer was killed, or its BYE could not get between the frames it was
@@ -945,14 +944,9 @@ void TcpConnection::failFrom(const Status& given, std::unique_lock<std::mutex>& 
   if (!closed_ && wordless && !hasPendingLocked()) wordUnasked_ = true;
   if (!closed_ && wordless && !wordUnasked_) {
     if (askingLastWord_) return;  // another thread asks, and fails the link with the answer
-    askingLastWord_ = true;
-    lock.unlock();
-    const std::string word = lastWordOf_(peer_, kLastWordWait);
-    lock.lock();
-    askingLastWord_ = false;
+    const std::string word = askLastWord(lock);
     if (closed_) return;
-    if (!word.empty())
-      st = Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, word.c_str()), peer_);
+    if (!word.empty()) st = leftStatus(word);
   }
   // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
   // leaves mid-operation fails the communicator.
@@ -971,17 +965,29 @@ void TcpConnection::failClosedLocked(const RequestPtr& req, std::unique_lock<std
     // The link ended without a word while nothing was pending; an operation on it now fails, so
     // its error should say why the peer went, if the peer said it in the store.
     wordUnasked_ = false;
-    askingLastWord_ = true;
     const Status bare = closedStatus_;
-    lock.unlock();
-    const std::string word = lastWordOf_(peer_, kLastWordWait);
-    lock.lock();
-    askingLastWord_ = false;
-    if (!word.empty() && closedStatus_.message == bare.message)
-      closedStatus_ =
-          Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, word.c_str()), peer_);
+    const std::string word = askLastWord(lock);
+    if (!word.empty() && closedStatus_.message == bare.message) closedStatus_ = leftStatus(word);
+  } else if (askingLastWord_) {
+    // Another thread is asking: its answer is this operation's reason too. The ask is bounded
+    // (kLastWordAskBound); so is this wait.
+    wordAsked_.wait_for(lock, kLastWordAskBound, [&] { return !askingLastWord_; });
   }
   req->fail(closedStatus_);
+}
+
+std::string TcpConnection::askLastWord(std::unique_lock<std::mutex>& lock) {
+  askingLastWord_ = true;
+  lock.unlock();
+  std::string word = lastWordOf_(peer_, kLastWordWait);
+  lock.lock();
+  askingLastWord_ = false;
+  wordAsked_.notify_all();
+  return word;
+}
+
+Status TcpConnection::leftStatus(const std::string& why) const {
+  return Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, why.c_str()), peer_);
 }
 
 bool TcpConnection::hasPendingLocked() const {

@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
@@ -194,6 +195,11 @@ class TcpConnection : public Connection {
   /// Fails `req`, an operation on a closed link, with the reason it closed (asking the store for
   /// the peer's word first if the link ended without one while nothing was pending).
   void failClosedLocked(const RequestPtr& req, std::unique_lock<std::mutex>& lock);
+  /// Asks the store for the peer's last word (lastWordOf_, bounded), unlocked, with
+  /// askingLastWord_ set meanwhile; "" when the peer left none.
+  std::string askLastWord(std::unique_lock<std::mutex>& lock);
+  /// "rank P left the communicator: why".
+  Status leftStatus(const std::string& why) const;
   void abandonReadLocked(Stream& s);
   void abandonWritesLocked(Stream& s);
   /// Runs after a failure found on a stream: fails the connection, then the communicator.
@@ -208,8 +214,9 @@ class TcpConnection : public Connection {
   const std::shared_ptr<FailureState> failure_;
   /// TransportContext::lastWordOf (may be empty).
   const std::function<std::string(int, std::chrono::milliseconds)> lastWordOf_;
-  bool askingLastWord_ = false;  ///< a thread is asking for the peer's word (unlocked)
-  bool wordUnasked_ = false;     ///< the link ended without a word, with nothing pending: not asked yet
+  bool askingLastWord_ = false;        ///< a thread is asking for the peer's word (unlocked)
+  bool wordUnasked_ = false;           ///< the link ended without a word, with nothing pending: not asked yet
+  std::condition_variable wordAsked_;  ///< askingLastWord_ went false
   const TcpOptions options_;
   const std::string description_;
 
