@@ -9,6 +9,7 @@
 #include "collectives/select.hpp"
 #include "core/format.hpp"
 #include "core/param.hpp"
+#include "kernels/copy.hpp"
 
 namespace loom {
 namespace coll {
@@ -27,7 +28,7 @@ LOOM_PARAM_INT(channelMinBytesParam, "LOOM_RING_CHANNEL_MIN_BYTES", 256 * 1024,
 }  // namespace
 
 void copyIfDistinct(void* dst, const void* src, size_t n) {
-  if (dst != src && n > 0) std::memcpy(dst, src, n);
+  if (dst != src && n > 0) kernels::copy(dst, src, n);
 }
 
 Context::Context(const Context& parent, std::vector<int> members, int channelBase, int channelCount)

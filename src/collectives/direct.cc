@@ -26,6 +26,7 @@
 #include "collectives/select.hpp"
 #include "core/format.hpp"
 #include "core/signature.hpp"
+#include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 
 namespace loom {
@@ -82,7 +83,7 @@ void smallExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t wo
   const int parity = static_cast<int>(step & 1);
   const size_t half = static_cast<size_t>(parity) * small;
   publishCall(c, ar, bytes, word, parity);
-  if (stageBytes > 0) std::memcpy(ar.buffers[static_cast<size_t>(ar.me)] + half, stage, stageBytes);
+  if (stageBytes > 0) kernels::copy(ar.buffers[static_cast<size_t>(ar.me)] + half, stage, stageBytes);
   barrier(c, ar, ++step);
   checkSameCall(c, ar, bytes, word, parity);
   consume(half);
@@ -108,7 +109,7 @@ void allReduceDirect(Context& c, const Args& a) {
     // Small: every rank reduces the whole buffer from all areas itself, in rank order.
     smallExchange(c, ar, total, callWord(Kind::AllReduce, a), in, total, [&](size_t half) {
       if (n == 1) {
-        std::memcpy(out, ar.buffers[0] + half, total);
+        kernels::copy(out, ar.buffers[0] + half, total);
       } else {
         kernels::reduce(out, ar.buffers[0] + half, ar.buffers[1] + half, a.count, a.type, a.op);
         for (int p = 2; p < n; ++p)
@@ -129,8 +130,8 @@ void allReduceDirect(Context& c, const Args& a) {
     // 1. Stage this rank's chunk, but for its own slice: the reduction reads that from the input.
     const Segment& s = slices[static_cast<size_t>(me)];
     const size_t ownEnd = s.offset + s.count;
-    std::memcpy(mine, in + off * E, s.offset * E);
-    std::memcpy(mine + ownEnd * E, in + (off + ownEnd) * E, (len - ownEnd) * E);
+    kernels::copy(mine, in + off * E, s.offset * E);
+    kernels::copy(mine + ownEnd * E, in + (off + ownEnd) * E, (len - ownEnd) * E);
     barrier(c, ar, ++step);
     if (!checked) {
       checkSameCall(c, ar, total, callWord(Kind::AllReduce, a), 2);
@@ -151,14 +152,15 @@ void allReduceDirect(Context& c, const Args& a) {
       }
       if (n == 1) copyIfDistinct(dst, own, s.count * E);
       if (a.op == ReduceOp::Avg) kernels::divide(dst, s.count, a.type, n);
-      std::memcpy(mine + s.offset * E, dst, s.count * E);
+      kernels::copy(mine + s.offset * E, dst, s.count * E);
     }
     barrier(c, ar, ++step);
     // 3. Gather the other slices.
     for (int p = 0; p < n; ++p) {
       const Segment& t = slices[static_cast<size_t>(p)];
       if (p == me || t.count == 0) continue;
-      std::memcpy(out + (off + t.offset) * E, ar.buffers[static_cast<size_t>(p)] + largeAt + t.offset * E, t.count * E);
+      kernels::copy(out + (off + t.offset) * E, ar.buffers[static_cast<size_t>(p)] + largeAt + t.offset * E,
+                    t.count * E);
     }
     barrier(c, ar, ++step);  // every area read: the next chunk (or collective) may overwrite it
   }
@@ -205,7 +207,7 @@ void broadcastDirect(Context& c, const Args& a) {
       if (root) {
         copyIfDistinct(a.recv, a.send, total);
       } else {
-        std::memcpy(a.recv, rootArea + half, total);
+        kernels::copy(a.recv, rootArea + half, total);
       }
     });
     return;
@@ -216,13 +218,13 @@ void broadcastDirect(Context& c, const Args& a) {
   halvedExchange(
       c, ar, total, word, total,
       [&](size_t at, size_t off, size_t len) {
-        if (root) std::memcpy(mine + at, in + off, len);
+        if (root) kernels::copy(mine + at, in + off, len);
       },
       [&](size_t at, size_t off, size_t len) {
         if (root) {
           copyIfDistinct(out + off, in + off, len);
         } else {
-          std::memcpy(out + off, rootArea + at, len);
+          kernels::copy(out + off, rootArea + at, len);
         }
       });
 }
@@ -240,7 +242,7 @@ void allGatherDirect(Context& c, const Args& a) {
         if (static_cast<int>(p) == ar.me) {
           copyIfDistinct(out + p * block, in, block);
         } else {
-          std::memcpy(out + p * block, ar.buffers[p] + half, block);
+          kernels::copy(out + p * block, ar.buffers[p] + half, block);
         }
       }
     });
@@ -249,13 +251,13 @@ void allGatherDirect(Context& c, const Args& a) {
   // Each rank's block in chunks: stage this rank's chunk, then copy every peer's.
   uint8_t* mine = ar.buffers[static_cast<size_t>(ar.me)];
   halvedExchange(
-      c, ar, block, word, block, [&](size_t at, size_t off, size_t len) { std::memcpy(mine + at, in + off, len); },
+      c, ar, block, word, block, [&](size_t at, size_t off, size_t len) { kernels::copy(mine + at, in + off, len); },
       [&](size_t at, size_t off, size_t len) {
         for (size_t p = 0; p < ar.buffers.size(); ++p) {
           if (static_cast<int>(p) == ar.me) {
             copyIfDistinct(out + p * block + off, in + off, len);
           } else {
-            std::memcpy(out + p * block + off, ar.buffers[p] + at, len);
+            kernels::copy(out + p * block + off, ar.buffers[p] + at, len);
           }
         }
       });

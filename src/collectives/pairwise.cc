@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "collectives/context.hpp"
+#include "kernels/copy.hpp"
 
 namespace loom {
 namespace coll {
@@ -12,7 +13,7 @@ void allToAllPairwise(Context& c, const Args& a) {
   const uint8_t* in = cbytes(a.send);
   if (a.send == a.recv) {  // in place: keep a copy of what is to be sent
     uint8_t* copy = c.scratch(block * static_cast<size_t>(n), 0);
-    if (block > 0) std::memcpy(copy, in, block * static_cast<size_t>(n));
+    if (block > 0) kernels::copy(copy, in, block * static_cast<size_t>(n));
     in = copy;
   }
   uint8_t* out = bytes(a.recv);

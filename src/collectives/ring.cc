@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "collectives/context.hpp"
+#include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 
 namespace loom {
@@ -220,7 +221,7 @@ void reduceRing(Context& c, const Args& a) {
       if (p != r)
         reqs.push_back(c.recv(p, out + s.offset * E, s.count * E, l.channel));
       else if (s.count > 0)
-        std::memcpy(out + s.offset * E, work + s.offset * E, s.count * E);
+        kernels::copy(out + s.offset * E, work + s.offset * E, s.count * E);
     }
   }
   c.waitAll(reqs);

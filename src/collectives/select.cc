@@ -21,8 +21,7 @@ LOOM_PARAM_INT(shmLatencyParam, "LOOM_SHM_LATENCY_US", 2, "cost model: microseco
 LOOM_PARAM_INT(shmBandwidthParam, "LOOM_SHM_MBPS", 5000, "cost model: MB/s per shared-memory link");
 LOOM_PARAM_INT(directMinParam, "LOOM_SHM_DIRECT_MIN_BYTES", 16 * 1024,
                "all-reduces of this many bytes and more (and the small ones of its one-barrier form), with every "
-               "rank on one node, read the peers' data in place (the direct algorithm); unset: 16 KiB, or 32 MiB "
-               "with two ranks");
+               "rank on one node, read the peers' data in place (the direct algorithm)");
 LOOM_PARAM_INT(reduceParam, "LOOM_REDUCE_MBPS", 10000, "cost model: MB/s of the CPU reduction kernel");
 
 std::vector<Algo> candidates(Coll c) {
@@ -121,14 +120,13 @@ const char* algoName(Algo a) {
   return "?";
 }
 
-size_t directMinBytesFromEnv(int ranks) {
-  if (std::getenv("LOOM_SHM_DIRECT_MIN_BYTES") != nullptr)
-    return static_cast<size_t>(std::max<int64_t>(0, directMinParam()));
-  // Two ranks: the ring (each reads its peer's half once per phase, single copy) moves fewer bytes
-  // than the direct algorithm, which first stages the whole buffer; the staging pays only once the
-  // buffers outgrow the caches (measured crossover about 32 MiB: 16 MiB 2.6 ms against 3.4 ms,
-  // 64 MiB 20.3-21.1 against 19.0 ms). From three ranks on, direct wins from 16 KiB.
-  return ranks == 2 ? size_t{32} << 20 : static_cast<size_t>(std::max<int64_t>(0, directMinParam()));
+size_t directMinBytesFromEnv() {
+  // Every world size: with two ranks the ring (each rank reads its peer's half once per phase,
+  // single copy) used to win from 16 KiB to 32 MiB, while the direct algorithm's copies out of the
+  // shared areas ran into memcpy's slow distance (kernels/copy.hpp); since they avoid it, direct
+  // wins at every size (2 ranks, interleaved medians of 5: 64 KiB 12 against 14 us, 256 KiB 46
+  // against 75, 1 MiB 189 against 332, 4 MiB 1.10 against 1.44 ms, 16 MiB 5.4 against 7.6 ms).
+  return static_cast<size_t>(std::max<int64_t>(0, directMinParam()));
 }
 
 CostModel costModelFromEnv(const std::string& transport) {
@@ -313,21 +311,21 @@ Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   Algo a = selectAlgo(c, bytes, ranks, m_, "");
   if (direct() && c == Coll::AllReduce && (bytes <= shape_.directSmallMaxBytes || bytes >= shape_.directMinBytes))
     a = Algo::Direct;
-  // Broadcast and all-gather: the one-barrier form for small buffers (per rank's block, for
-  // all-gather); beyond it, from three ranks on, the chunked form. With two ranks the chain reads
-  // the root's buffer in one copy (process_vm_readv) where the direct form stages it first, and
-  // wins: 2 ranks, 256 KiB-1 MiB broadcast 6-7.5 GB/s against 1.5. From three ranks the readers all
-  // take the root's chunk at once: broadcast 3-4 ranks 64 KiB-64 MiB 1.5-4x the chain. All-gathers
-  // between the two direct forms go pairwise: every rank reads every peer's block in one copy
-  // straight from its input, where the ring forwards what it received (2 ranks 256 KiB-4 MiB
-  // 3.4-5.0 GB/s against 0.7-2.0; 3-4 ranks 256 KiB-1 MiB 1.2-2.2 against 0.6-2.0); from 4 MiB
-  // in all, three ranks and more stage chunks (4 ranks, 4 MiB: 2.4-4.1 against pairwise 2.2-2.3).
-  // Interleaved runs on this 2-core machine, bench/*_perf with LOOM_ALGO=broadcast:...|allgather:...
-  if (direct() && c == Coll::Broadcast && (bytes <= shape_.directSmallMaxBytes || ranks >= 3)) a = Algo::Direct;
-  if (direct() && c == Coll::AllGather && ranks > 0) {
-    const bool small = bytes / static_cast<size_t>(ranks) <= shape_.directSmallMaxBytes;
-    a = small || (ranks >= 3 && bytes >= kDirectAllGatherMinBytes) ? Algo::Direct : Algo::Pairwise;
-  }
+  // Broadcast and all-gather on one node: the direct forms (the one-barrier form for small
+  // buffers, per rank's block for all-gather, then chunks staged in the shared areas), but for
+  // large ones with two ranks: there the chain and the pairwise all-gather read the root's or the
+  // peer's buffer in one copy (process_vm_readv) while the other rank works in parallel, where the
+  // direct forms stage each chunk and copy it out in turn. Interleaved runs on this 2-core
+  // machine, bench/*_perf with LOOM_ALGO=broadcast:...|allgather:... (after kernels/copy.hpp):
+  // 2 ranks, broadcast 64 KiB 5-24 against 20-80 us, 128 KiB 13-15 against 18-28, 256 KiB even,
+  // 1 MiB 116-373 against 138-155, 4 MiB 0.40-1.28 against 0.69-1.09 ms; all-gather 64 KiB 5.5
+  // against 16-31 us, 256 KiB 21-31 against 27-47, 1-64 MiB even or mixed. From three ranks the
+  // readers all take a staged chunk at once: broadcast 3-4 ranks 64 KiB-64 MiB 1.5-4x the chain,
+  // all-gather 4 ranks 64 KiB-64 MiB 1.1-10x pairwise.
+  if (direct() && (c == Coll::Broadcast || c == Coll::AllGather) && (ranks >= 3 || bytes <= kDirectPairMaxBytes))
+    a = Algo::Direct;
+  else if (direct() && c == Coll::AllGather)
+    a = Algo::Pairwise;
   if (hierarchical() && (c == Coll::AllReduce || c == Coll::Broadcast || c == Coll::Reduce) &&
       hierarchicalUs(c, bytes) < modelUs(c, a, bytes, ranks, m_))
     a = Algo::Hierarchical;

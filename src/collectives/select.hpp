@@ -42,8 +42,8 @@ struct CostModel {
   bool halvingDoubling = true;          ///< whether the model may pick halving-doubling (LOOM_ALGO still can)
 };
 
-/// LOOM_SHM_DIRECT_MIN_BYTES, or its default for a communicator of `ranks` ranks on one node.
-size_t directMinBytesFromEnv(int ranks);
+/// LOOM_SHM_DIRECT_MIN_BYTES (16 KiB unless set).
+size_t directMinBytesFromEnv();
 /// The model from the environment, for links of `transport` ("tcp": LOOM_TCP_LATENCY_US and
 /// LOOM_TCP_MBPS; "shm": LOOM_SHM_LATENCY_US and LOOM_SHM_MBPS).
 CostModel costModelFromEnv(const std::string& transport = "tcp");
@@ -76,9 +76,9 @@ struct NodeShape {
 /// The largest all-reduce the direct algorithm runs in its one-barrier form, for an area of
 /// `areaBytes`: 16 KiB, or a quarter of a smaller area.
 inline size_t directSmallMaxBytes(size_t areaBytes) { return areaBytes / 4 < 16384 ? areaBytes / 4 : 16384; }
-/// From three ranks on one node, all-gathers of this many bytes in all (and more) take the
-/// chunked direct form (Selector::pick).
-constexpr size_t kDirectAllGatherMinBytes = size_t{4} << 20;
+/// With two ranks on one node, broadcasts and all-gathers of up to this many bytes in all take
+/// the direct forms; larger ones the chain and pairwise single-copy reads (Selector::pick).
+constexpr size_t kDirectPairMaxBytes = size_t{256} << 10;
 
 class Selector {
  public:

@@ -113,7 +113,7 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   shape.intra = costModelFromEnv(within);
   const LocalArena* arena = comm.arena();
   shape.direct = arena != nullptr && static_cast<int>(arena->ranks.size()) == comm.size() && comm.size() > 1;
-  shape.directMinBytes = directMinBytesFromEnv(comm.size());
+  shape.directMinBytes = directMinBytesFromEnv();
   if (shape.direct) shape.directSmallMaxBytes = directSmallMaxBytes(arena->bytes);
   comm.setSelector(std::make_shared<const Selector>(model, algoOverrideFromEnv(), shape));
 }

@@ -6,6 +6,7 @@
 #include "core/format.hpp"
 #include "core/status.hpp"
 #include "device/runtime.hpp"
+#include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 #include "loom/ddp.hpp"
 
@@ -65,7 +66,7 @@ struct GradSync::Impl {
     if (rt != nullptr) {
       rt->copyAsync(dst, src, bytes, stream);
     } else {
-      std::memcpy(dst, src, bytes);
+      kernels::copy(dst, src, bytes);
     }
   }
 

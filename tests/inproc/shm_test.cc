@@ -287,9 +287,9 @@ TEST(Shm, DirectAllReduceAcrossChunksAndMismatches) {
     EXPECT_NE(c.algorithmFor("all_reduce", 4096), "direct");  // between the two forms: the model's
     EXPECT_EQ(c.algorithmFor("broadcast", 1024), "direct");   // small broadcast and all-gather too
     EXPECT_EQ(c.algorithmFor("all_gather", 3 * 512), "direct");
-    EXPECT_EQ(c.algorithmFor("broadcast", 1u << 20), "direct");     // chunked, from three ranks
-    EXPECT_EQ(c.algorithmFor("all_gather", 3u << 18), "pairwise");  // between the two forms
-    EXPECT_EQ(c.algorithmFor("all_gather", 3u << 21), "direct");    // chunked from 4 MiB in all
+    EXPECT_EQ(c.algorithmFor("broadcast", 1u << 20), "direct");  // chunked, at every size
+    EXPECT_EQ(c.algorithmFor("all_gather", 3u << 18), "direct");
+    EXPECT_EQ(c.algorithmFor("all_gather", 3u << 21), "direct");
     // Chunked broadcast and all-gather through halves of 2 KiB: hundreds of chunks, an uneven
     // last one, every root, in place and not.
     for (int root = 0; root < 3; ++root) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 using loom::coll::Algo;
 using loom::coll::Coll;
 using loom::coll::CostModel;
@@ -176,14 +178,23 @@ TEST(Selector, DirectAllReduceFromItsThresholdWhenEveryRankSharesTheArena) {
   EXPECT_EQ(loom::coll::Selector(shm, "", shape).pick(Coll::AllReduce, 8, 4), Algo::Direct);
   EXPECT_EQ(loom::coll::directSmallMaxBytes(4 << 20), 16u * 1024);
   EXPECT_EQ(loom::coll::directSmallMaxBytes(8192), 2048u);
-  // Broadcast: chunked from three ranks; with two the chain's single-copy reads. All-gather:
-  // chunked from three ranks and 4 MiB in all, pairwise between the forms.
+  // Broadcast and all-gather: direct at every size from three ranks; with two up to
+  // kDirectPairMaxBytes, then the chain and pairwise single-copy reads.
   EXPECT_EQ(sel.pick(Coll::Broadcast, 256u << 20, 4), Algo::Direct);
   EXPECT_EQ(sel.pick(Coll::AllGather, 4u << 20, 4), Algo::Direct);
-  EXPECT_EQ(sel.pick(Coll::AllGather, 1u << 20, 4), Algo::Pairwise);
+  EXPECT_EQ(sel.pick(Coll::AllGather, 1u << 20, 4), Algo::Direct);
   loom::coll::Selector two(shm, "", shape);  // a selector serves one world size (it memoizes by size)
+  EXPECT_EQ(two.pick(Coll::Broadcast, loom::coll::kDirectPairMaxBytes, 2), Algo::Direct);
   EXPECT_NE(two.pick(Coll::Broadcast, 256u << 20, 2), Algo::Direct);
+  EXPECT_EQ(two.pick(Coll::AllGather, 1024, 2), Algo::Direct);
+  EXPECT_EQ(two.pick(Coll::AllGather, loom::coll::kDirectPairMaxBytes, 2), Algo::Direct);
   EXPECT_EQ(two.pick(Coll::AllGather, 64u << 20, 2), Algo::Pairwise);
+  // The direct all-reduce's threshold is the same for every world size.
+  if (std::getenv("LOOM_SHM_DIRECT_MIN_BYTES") == nullptr) {
+    EXPECT_EQ(loom::coll::directMinBytesFromEnv(), 16u * 1024);
+  }
+  shape.directMinBytes = loom::coll::directMinBytesFromEnv();
+  EXPECT_EQ(loom::coll::Selector(shm, "", shape).pick(Coll::AllReduce, 1u << 20, 2), Algo::Direct);
   shape.direct = false;
   EXPECT_NE(loom::coll::Selector(shm, "", shape).pick(Coll::AllReduce, 256u << 20, 4), Algo::Direct);
   EXPECT_EQ(loom::coll::Selector(shm, "direct", shape).pick(Coll::AllReduce, 8, 4), Algo::Direct);  // forced

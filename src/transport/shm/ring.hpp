@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/copy.hpp"
 #include "transport/shm/segment.hpp"
 
 namespace loom {
@@ -77,14 +78,14 @@ class RingView {
   void copyIn(uint64_t pos, const uint8_t* src, size_t n) {
     const size_t at = static_cast<size_t>(pos % cap_);
     const size_t first = std::min(n, cap_ - at);
-    std::memcpy(data_ + at, src, first);
-    if (n > first) std::memcpy(data_, src + first, n - first);
+    kernels::copy(data_ + at, src, first);
+    if (n > first) kernels::copy(data_, src + first, n - first);
   }
   void copyOut(uint64_t pos, uint8_t* dst, size_t n) const {
     const size_t at = static_cast<size_t>(pos % cap_);
     const size_t first = std::min(n, cap_ - at);
-    std::memcpy(dst, data_ + at, first);
-    if (n > first) std::memcpy(dst + first, data_, n - first);
+    kernels::copy(dst, data_ + at, first);
+    if (n > first) kernels::copy(dst + first, data_, n - first);
   }
 
   RingControl* c_ = nullptr;

@@ -7,6 +7,7 @@
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/signature.hpp"
+#include "kernels/copy.hpp"
 #include "transport/shm/cma.hpp"
 #include "transport/shm/shm_engine.hpp"
 
@@ -200,7 +201,7 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   }
   op->bytes = message;
   if (u->complete) {
-    if (message > 0) std::memcpy(op->buf, u->data.data(), message);
+    if (message > 0) kernels::copy(op->buf, u->data.data(), message);
     recycleLocked(std::move(u->data));
     req->complete(message);
   } else {
@@ -470,7 +471,7 @@ void ShmConnection::finishPayloadLocked() {
     if (u->claimedBy) {
       auto op = u->claimedBy;
       const size_t message = static_cast<size_t>(u->frame.bytes);
-      if (message > 0) std::memcpy(op->buf, u->data.data(), message);
+      if (message > 0) kernels::copy(op->buf, u->data.data(), message);
       recycleLocked(std::move(u->data));
       op->req->complete(message);
     }

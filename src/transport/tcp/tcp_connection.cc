@@ -13,6 +13,7 @@
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/signature.hpp"
+#include "kernels/copy.hpp"
 
 namespace loom {
 namespace tcp {
@@ -290,7 +291,7 @@ void TcpConnection::deliverUnexpectedLocked(Unexpected& u, RecvOp& op) {
     op.req->fail(truncation(n, op));
     return;
   }
-  if (n > 0) std::memcpy(op.buf, u.data.data(), n);
+  if (n > 0) kernels::copy(op.buf, u.data.data(), n);
   giveBackLocked(std::move(u.data));
   op.req->complete(n);
 }
@@ -728,7 +729,7 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
     } else if (s.wpos > s.rpos) {
       size_t take = std::min(s.wpos - s.rpos, s.remaining);
       if (s.target != nullptr) {
-        std::memcpy(s.target, s.in.data() + s.rpos, take);
+        kernels::copy(s.target, s.in.data() + s.rpos, take);
         s.target += take;
       }
       s.rpos += take;
