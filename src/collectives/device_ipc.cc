@@ -249,6 +249,7 @@ Work launchOnDeviceIpc(detail::CommImpl& c, Coll kind, const Args& a, void* stre
   device::DeviceRuntime* rt = device::runtime();
   if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
   rejectCapture(*rt, stream, c, collName(kind));
+  rt->prepare(a.device);
   std::shared_ptr<DeviceState> st = stateOf(c, *rt);
   device::EventHandle ready = rt->recordEvent(stream);
   auto body = [&c, st, kind, a, sig, ready](int64_t seq) {

@@ -101,6 +101,7 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
   if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
   const char* what = collName(kind);
   rejectCapture(*rt, stream, c, what);
+  rt->prepare(a.device);
   std::shared_ptr<DeviceState> st = stateOf(c, *rt);
   const DeviceChunks plan = planDeviceChunks(kind, a.counts ? 1 : a.count, a.elem, c.size(), deviceStagingBytes());
   const size_t chunks = a.counts ? 1 : plan.chunks;
@@ -231,6 +232,7 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
   device::DeviceRuntime* rt = device::runtime();
   if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device send/recv without a device runtime");
   rejectCapture(*rt, stream, c, "send/recv");
+  rt->prepare(dev);
   std::shared_ptr<DeviceState> st = stateOf(c, *rt);
   device::EventHandle ready = rt->recordEvent(stream);
   std::string what = ops.size() == 1

@@ -51,6 +51,7 @@ DeviceState::~DeviceState() {
   }
   for (auto& slot : slots_) rt_.freePinned(slot.mem);
   rt_.freeDevice(scratch_.mem);
+  for (auto& [mem, pinned] : retired_) pinned ? rt_.freePinned(mem) : rt_.freeDevice(mem);
 }
 
 void DeviceState::release(uint32_t token) {
@@ -77,11 +78,15 @@ DeviceState::Streams& DeviceState::streams(int dev) {
 
 uint8_t* DeviceState::grow(Slot& s, size_t bytes, bool pinned) {
   if (s.bytes < bytes) {
-    pinned ? rt_.freePinned(s.mem) : rt_.freeDevice(s.mem);
-    s.mem = nullptr;
-    s.bytes = 0;
-    s.mem = pinned ? rt_.allocPinned(bytes) : rt_.allocDevice(bytes);
-    s.bytes = bytes;
+    // The old block is kept until the state goes: cudaFree and cudaFreeHost wait for the whole
+    // device, and the caller's stream is held for the very operation asking (it would never return).
+    // Sizes double, so the kept blocks add up to less than the largest.
+    size_t size = 4096;
+    while (size < bytes) size *= 2;
+    void* mem = pinned ? rt_.allocPinned(size) : rt_.allocDevice(size);
+    if (s.mem != nullptr) retired_.emplace_back(s.mem, pinned);
+    s.mem = mem;
+    s.bytes = size;
   }
   return static_cast<uint8_t*>(s.mem);
 }

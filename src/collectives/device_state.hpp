@@ -16,6 +16,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/comm_impl.hpp"
 #include "core/deadline.hpp"
@@ -68,6 +70,7 @@ class DeviceState {
   std::map<int, Streams> streams_;
   Slot slots_[3];
   Slot scratch_;
+  std::vector<std::pair<void*, bool>> retired_;  // outgrown blocks (pinned?), freed with the state
 };
 
 /// The communicator's DeviceState (made on first use).

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <set>
 
 #include "core/format.hpp"
 #include "core/logging.hpp"
@@ -66,6 +67,22 @@ class CudaRuntime final : public DeviceRuntime {
     return d;
   }
   void setDevice(int device) override { check(cudaSetDevice(device), "cudaSetDevice"); }
+
+  void prepare(int device) override {
+    std::lock_guard<std::mutex> lock(prepareMu_);  // a second caller waits until the kernels are in
+    if (device < 0 || prepared_.count(device) != 0) return;
+    int current = 0;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != device) setDevice(device);
+    try {
+      kernels::cuda::preload();
+    } catch (...) {
+      if (current != device) (void)cudaSetDevice(current);
+      throw;
+    }
+    if (current != device) setDevice(current);
+    prepared_.insert(device);
+  }
 
   StreamHandle createStream() override {
     cudaStream_t s = nullptr;
@@ -243,6 +260,8 @@ class CudaRuntime final : public DeviceRuntime {
     });
     return useSpin_.load() ? nullptr : fn_;
   }
+  std::mutex prepareMu_;
+  std::set<int> prepared_;  // devices whose context holds the kernels
   std::once_flag fnOnce_;
   WaitValueFn fn_ = nullptr;
   std::atomic<bool> useSpin_{false};

@@ -43,6 +43,11 @@ class DeviceRuntime {
   /// Makes `device` current on the calling thread.
   virtual void setDevice(int device) = 0;
 
+  /// Readies `device` for Loom's work, once per process and device (later calls return at once):
+  /// loads the kernels, whose lazy load at a first launch would wait for a stream Loom holds. Called
+  /// on the caller's thread by every device operation before it holds the caller's stream.
+  virtual void prepare(int device) { (void)device; }
+
   /// A non-blocking stream on the current device.
   virtual StreamHandle createStream() = 0;
   virtual void destroyStream(StreamHandle s) noexcept = 0;

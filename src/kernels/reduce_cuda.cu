@@ -387,6 +387,47 @@ void convert(void* dst, DataType dstType, const void* src, DataType srcType, siz
   check(cudaGetLastError(), "convert kernel launch");
 }
 
+namespace {
+
+template <typename K>
+void load(K kernel) {
+  cudaFuncAttributes attr{};
+  check(cudaFuncGetAttributes(&attr, kernel), "loading a kernel (cudaFuncGetAttributes)");
+}
+
+template <typename T>
+void loadType() {
+  load(reduceKernel<T, Sum>);
+  load(reduceKernel<T, Prod>);
+  load(reduceKernel<T, Max>);
+  load(reduceKernel<T, Min>);
+  load(reduce2Kernel<T, Sum>);
+  load(reduce2Kernel<T, Prod>);
+  load(reduce2Kernel<T, Max>);
+  load(reduce2Kernel<T, Min>);
+}
+
+}  // namespace
+
+void preload() {
+  loadType<int8_t>();
+  loadType<uint8_t>();
+  loadType<int32_t>();
+  loadType<uint32_t>();
+  loadType<int64_t>();
+  loadType<uint64_t>();
+  loadType<__half>();
+  loadType<float>();
+  loadType<double>();
+  loadType<__nv_bfloat16>();
+  load(copy2DKernel);
+  load(convertKernel<__half, float>);
+  load(convertKernel<__nv_bfloat16, float>);
+  load(convertKernel<float, __half>);
+  load(convertKernel<float, __nv_bfloat16>);
+  load(spinWaitKernel);
+}
+
 void spinWait(const volatile uint32_t* flag, uint32_t value, void* stream) {
   spinWaitKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(flag, value);
   check(cudaGetLastError(), "stream wait kernel launch");

@@ -37,6 +37,12 @@ void copy2D(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t
 /// or back. Other pairs throw InvalidArgument.
 void convert(void* dst, DataType dstType, const void* src, DataType srcType, size_t count, float scale, void* stream);
 
+/// Loads every kernel above into the current device's context. CUDA loads a module lazily, at its
+/// first launch, by default (CUDA_MODULE_LOADING=LAZY), and that load waits for the device: a first
+/// launch on Loom's op-queue thread while the caller's stream is held for that very operation never
+/// returns. Called once per device before any stream is held (DeviceRuntime::prepare).
+void preload();
+
 /// Holds `stream` until (int32_t)(*flag - value) >= 0; `flag` is a device-visible address of host
 /// memory the host stores to. The fallback of stream memory operations (device/cuda_runtime.cc).
 void spinWait(const volatile uint32_t* flag, uint32_t value, void* stream);

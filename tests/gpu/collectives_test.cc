@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -58,19 +59,26 @@ TEST_P(GpuStreams, CollectiveIsOrderedOnTheStreamAndDoesNotBlockTheHost) {
     LOOM_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     float* d = nullptr;
     LOOM_CUDA_OK(cudaMalloc(&d, kCount * 4));
-    std::vector<float> host(kCount, static_cast<float>(c.rank() + 1)), out(kCount, 0);
+    // Pinned host memory: a copy to or from pageable memory waits on the host for the stream, which
+    // the gate holds until after the call.
+    float *host = nullptr, *out = nullptr;
+    LOOM_CUDA_OK(cudaMallocHost(&host, kCount * 4));
+    LOOM_CUDA_OK(cudaMallocHost(&out, kCount * 4));
+    std::fill(host, host + kCount, static_cast<float>(c.rank() + 1));
     std::promise<void> go;
     std::shared_future<void> gate = go.get_future().share();
     LOOM_CUDA_OK(cudaLaunchHostFunc(s, releaseWhenSet, &gate));
-    LOOM_CUDA_OK(cudaMemcpyAsync(d, host.data(), kCount * 4, cudaMemcpyHostToDevice, s));
+    LOOM_CUDA_OK(cudaMemcpyAsync(d, host, kCount * 4, cudaMemcpyHostToDevice, s));
     loom::Work w = c.iallReduce(d, d, kCount, DataType::Float32, ReduceOp::Sum, s);
-    LOOM_CUDA_OK(cudaMemcpyAsync(out.data(), d, kCount * 4, cudaMemcpyDeviceToHost, s));
+    LOOM_CUDA_OK(cudaMemcpyAsync(out, d, kCount * 4, cudaMemcpyDeviceToHost, s));
     EXPECT_FALSE(w.test());
     go.set_value();
     LOOM_CUDA_OK(cudaStreamSynchronize(s));
     w.wait();
-    EXPECT_EQ(out.front(), 3.0f);
-    EXPECT_EQ(out.back(), 3.0f);
+    EXPECT_EQ(out[0], 3.0f);
+    EXPECT_EQ(out[kCount - 1], 3.0f);
+    (void)cudaFreeHost(host);
+    (void)cudaFreeHost(out);
     (void)cudaFree(d);
     (void)cudaStreamDestroy(s);
   });

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "common/block_pool.hpp"
 #include "common/collective_check.hpp"
 #include "device/runtime.hpp"
 
@@ -33,12 +34,8 @@ class CudaBuffers : public DeviceBuffers {
     setDeviceBuffers(nullptr);
     for (auto& s : streams_) (void)cudaStreamDestroy(s);
   }
-  void* alloc(size_t bytes) override {
-    void* p = nullptr;
-    if (cudaMalloc(&p, bytes == 0 ? 1 : bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
-    return p;
-  }
-  void free(void* p) override { (void)cudaFree(p); }
+  void* alloc(size_t bytes) override { return pool_.take(bytes); }
+  void free(void* p) override { pool_.give(p); }  // cudaFree would wait for peers' held streams
   void upload(void* d, const void* h, size_t bytes) override {
     if (cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("upload failed");
   }
@@ -53,6 +50,11 @@ class CudaBuffers : public DeviceBuffers {
 
  private:
   cudaStream_t streams_[8] = {};
+  BlockPool pool_{[](size_t bytes) {
+                    void* p = nullptr;
+                    return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+                  },
+                  [](void* p) { (void)cudaFree(p); }};
 };
 
 }  // namespace loomtest

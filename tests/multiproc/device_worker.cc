@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/block_pool.hpp"
 #include "common/collective_check.hpp"
 #include "common/fake_device.hpp"
 #include "device/runtime.hpp"
@@ -25,8 +26,8 @@ class RuntimeBuffers : public loomtest::DeviceBuffers {
  public:
   explicit RuntimeBuffers(loom::device::DeviceRuntime& rt) : rt_(rt), stream_(rt.createStream()) {}
   ~RuntimeBuffers() override { rt_.destroyStream(stream_); }
-  void* alloc(size_t bytes) override { return rt_.allocDevice(bytes); }
-  void free(void* p) override { rt_.freeDevice(p); }
+  void* alloc(size_t bytes) override { return pool_.take(bytes); }
+  void free(void* p) override { pool_.give(p); }  // blocks kept: warm IPC mappings, no device-wide wait
   void upload(void* d, const void* h, size_t bytes) override {
     rt_.copyAsync(d, h, bytes, stream_);
     rt_.synchronize(stream_);
@@ -41,6 +42,8 @@ class RuntimeBuffers : public loomtest::DeviceBuffers {
  private:
   loom::device::DeviceRuntime& rt_;
   loom::device::StreamHandle stream_;
+  loomtest::BlockPool pool_{[this](size_t bytes) { return rt_.allocDevice(bytes); },
+                            [this](void* p) { rt_.freeDevice(p); }};
 };
 
 int failures = 0;
