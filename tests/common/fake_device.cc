@@ -18,6 +18,8 @@ namespace loomtest {
 namespace {
 // A stream wait holds its stream at most this long, then gives up and counts as stuck.
 constexpr auto kWaitLimit = std::chrono::seconds(60);
+// How long a free through the runtime waits for the streams held before it (see waitLikeCudaFree).
+constexpr auto kFreeWaitLimit = std::chrono::seconds(10);
 
 // What a fake IPC handle holds.
 struct FakeHandle {
@@ -120,9 +122,59 @@ int FakeDevice::deviceOf(const void* p) {
   return -1;
 }
 
+void FakeDevice::noteBreak(const std::string& what) const {
+  std::lock_guard<std::mutex> lock(rulesMu_);
+  if (breaks_.size() < 20) breaks_.push_back(what);
+}
+
+int FakeDevice::ruleBreaks() const {
+  std::lock_guard<std::mutex> lock(rulesMu_);
+  return static_cast<int>(breaks_.size());
+}
+
+std::string FakeDevice::ruleBreakReport() const {
+  std::lock_guard<std::mutex> lock(rulesMu_);
+  std::string out;
+  for (const auto& b : breaks_) out += b + "\n";
+  return out;
+}
+
+void FakeDevice::waitLikeCudaFree(const char* what) const {
+  // cudaFree and cudaFreeHost wait for the work queued on the device before them: here, for the
+  // stream waits pending now. One that is still held after the limit would never have let go.
+  auto held = [this](uint64_t upTo) {
+    std::lock_guard<std::mutex> lock(rulesMu_);
+    for (const auto& [id, w] : pendingWaits_)
+      if (id < upTo &&
+          static_cast<int32_t>(__atomic_load_n(const_cast<uint32_t*>(w.first), __ATOMIC_ACQUIRE) - w.second) < 0)
+        return true;
+    return false;
+  };
+  uint64_t upTo = 0;
+  {
+    std::lock_guard<std::mutex> lock(rulesMu_);
+    upTo = nextWait_;
+  }
+  const auto limit = std::chrono::steady_clock::now() + kFreeWaitLimit;
+  while (held(upTo)) {
+    if (std::chrono::steady_clock::now() > limit) {
+      noteBreak(std::string(what) + " while a stream stayed held: cudaFree would have waited for it forever");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void FakeDevice::freeDevice(void* p) noexcept {
+  if (p == nullptr) return;
+  waitLikeCudaFree("device memory freed through the runtime");
+  free(p);
+}
+
 void FakeDevice::reduceAsync(void* dst, const void* const* srcs, int n, size_t count, loom::DataType type,
                              loom::ReduceOp op, int divisor, loom::device::StreamHandle s) {
   if (count == 0 || n < 1) return;
+  if (!prepared_.load()) noteBreak("a reduction kernel launched before DeviceRuntime::prepare");
   ++reductions_;
   std::vector<const void*> in(srcs, srcs + n);
   enqueue(s, [dst, in, count, type, op, divisor] {
@@ -138,6 +190,7 @@ void FakeDevice::reduceAsync(void* dst, const void* const* srcs, int n, size_t c
 
 void FakeDevice::convertAsync(void* dst, loom::DataType dstType, const void* src, loom::DataType srcType, size_t count,
                               float scale, loom::device::StreamHandle s) {
+  if (!prepared_.load()) noteBreak("a conversion kernel launched before DeviceRuntime::prepare");
   using loom::DataType;
   const bool toHalf = srcType == DataType::Float32 && (dstType == DataType::Float16 || dstType == DataType::Bfloat16);
   const bool fromHalf = dstType == DataType::Float32 && (srcType == DataType::Float16 || srcType == DataType::Bfloat16);
@@ -294,10 +347,28 @@ void FakeDevice::copy2DAsync(void* dst, size_t dstPitch, const void* src, size_t
 }
 
 void* FakeDevice::allocPinned(size_t bytes) { return std::calloc(1, bytes == 0 ? 1 : bytes); }
-void FakeDevice::freePinned(void* p) noexcept { std::free(p); }
+void FakeDevice::freePinned(void* p) noexcept {
+  if (p == nullptr) return;
+  waitLikeCudaFree("pinned memory freed through the runtime");
+  std::free(p);
+}
 
 void FakeDevice::waitValue(loom::device::StreamHandle s, volatile uint32_t* flag, uint32_t value) {
-  enqueue(s, [this, flag, value] {
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(rulesMu_);
+    id = nextWait_++;
+    pendingWaits_.emplace(id, std::make_pair(flag, value));
+  }
+  enqueue(s, [this, flag, value, id] {
+    struct Done {
+      FakeDevice* d;
+      uint64_t id;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(d->rulesMu_);
+        d->pendingWaits_.erase(id);
+      }
+    } done{this, id};
     const auto limit = std::chrono::steady_clock::now() + kWaitLimit;
     while (static_cast<int32_t>(__atomic_load_n(const_cast<uint32_t*>(flag), __ATOMIC_ACQUIRE) - value) < 0) {
       if (std::chrono::steady_clock::now() > limit) {

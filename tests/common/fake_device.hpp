@@ -45,6 +45,13 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   /// Buffers exported for CUDA IPC, and n-input reductions queued (the IPC path's; staging reduces on the host).
   int ipcExports() const { return exports_.load(); }
   int reductions() const { return reductions_.load(); }
+  /// Breaks of two rules that CUDA enforces by hanging, which this device only counts: a kernel
+  /// launched before prepare() (CUDA loads kernels lazily, and the load waits for held streams),
+  /// and device or pinned memory freed through the runtime while a stream is held, that stayed held
+  /// (freeDevice and freePinned wait for the streams held before them, as cudaFree and
+  /// cudaFreeHost wait for the device, and give up after 10 s). What happened, one line each.
+  int ruleBreaks() const;
+  std::string ruleBreakReport() const;
 
   // ---- DeviceRuntime. ----
   const char* name() const override { return "fake"; }
@@ -52,6 +59,7 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   int deviceCount() override { return 1; }
   int currentDevice() override { return 0; }
   void setDevice(int) override {}
+  void prepare(int) override { prepared_.store(true); }
   loom::device::StreamHandle createStream() override;
   void destroyStream(loom::device::StreamHandle s) noexcept override;
   bool capturing(loom::device::StreamHandle s) override;
@@ -62,7 +70,7 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   void copy2DAsync(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows,
                    loom::device::StreamHandle s) override;
   void* allocDevice(size_t bytes) override { return alloc(bytes); }
-  void freeDevice(void* p) noexcept override { free(p); }
+  void freeDevice(void* p) noexcept override;
   void* allocPinned(size_t bytes) override;
   void freePinned(void* p) noexcept override;
   void waitValue(loom::device::StreamHandle s, volatile uint32_t* flag, uint32_t value) override;
@@ -103,6 +111,14 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   std::unique_ptr<Stream> default_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::atomic<int> stuck_{0};
+  // The rules of ruleBreaks().
+  void noteBreak(const std::string& what) const;
+  void waitLikeCudaFree(const char* what) const;
+  std::atomic<bool> prepared_{false};
+  mutable std::mutex rulesMu_;
+  std::map<uint64_t, std::pair<volatile uint32_t*, uint32_t>> pendingWaits_;  // id -> flag, value
+  uint64_t nextWait_ = 0;
+  mutable std::vector<std::string> breaks_;
 };
 
 }  // namespace loomtest

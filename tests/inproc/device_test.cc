@@ -43,6 +43,8 @@ class FakeDeviceScope : public loomtest::DeviceBuffers {
     for (auto& s : streams_) s = dev.createStream();
   }
   ~FakeDeviceScope() override {
+    // Every test on the emulated device: nothing that would hang a real GPU.
+    EXPECT_EQ(dev.ruleBreaks(), 0) << dev.ruleBreakReport();
     loomtest::setDeviceBuffers(nullptr);
     loom::device::setRuntimeForTesting(nullptr);
     unsetenv("LOOM_DEVICE_STAGING_BYTES");

@@ -104,6 +104,8 @@ int main(int argc, char** argv) {
     if (dev && dev->ipcCloses() != dev->ipcOpens())
       fail("rank " + std::to_string(rank) + ": " + std::to_string(dev->ipcOpens() - dev->ipcCloses()) +
            " mappings left open after the communicator was destroyed");
+    if (dev && dev->ruleBreaks() > 0)
+      fail("rank " + std::to_string(rank) + ": what would hang a real GPU:\n" + dev->ruleBreakReport());
     if (dev) std::printf("rank %d: %d peer buffers mapped, all closed\n", rank, dev->ipcOpens());
     loomtest::setDeviceBuffers(nullptr);
   } catch (const std::exception& e) {
