@@ -31,12 +31,7 @@ uint64_t below(uint64_t& state, uint64_t bound) {
 
 DistributedSampler::DistributedSampler(size_t datasetSize, int rank, int worldSize, bool shuffle, uint64_t seed,
                                        bool dropLast)
-    : datasetSize_(datasetSize),
-      perRank_(0),
-      rank_(rank),
-      worldSize_(worldSize),
-      shuffle_(shuffle),
-      seed_(seed) {
+    : datasetSize_(datasetSize), perRank_(0), rank_(rank), worldSize_(worldSize), shuffle_(shuffle), seed_(seed) {
   if (worldSize < 1 || rank < 0 || rank >= worldSize) {
     LOOM_THROW(ErrorCode::InvalidArgument, rank,
                strFormat("DistributedSampler: rank %d is out of range for a world of %d ranks", rank, worldSize));
