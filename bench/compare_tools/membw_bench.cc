@@ -1,7 +1,8 @@
 // The memory-bandwidth anchor for bench/compare --links shm: THREADS threads at once each copy
 // BYTES (memcpy, buffers of BYTES each, warm) and, separately, sum BYTES of float32 into an
 // accumulator (a[i] += b[i]); prints "membw <threads> <bytes> <copy GB/s per thread> <sum GB/s
-// of output per thread>", the median of several passes.
+// of output per thread>", the median of several passes, each timed from the common start to the
+// last thread's end (the aggregate rate over the threads, shared out among them).
 //   membw_bench THREADS BYTES [BYTES ...]
 #include <algorithm>
 #include <atomic>
@@ -16,28 +17,51 @@ namespace {
 
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// Runs fn(thread) on `threads` threads at once, `reps` times each; returns the median per-thread
-// bytes per second for `bytes` moved per call.
+// A reusable barrier for the passes: every thread waits (yielding its core) until all have
+// arrived, so that with more threads than cores none spins on a core another needs.
+class Gate {
+ public:
+  explicit Gate(int threads) : threads_(threads) {}
+  void arrive() {
+    const int gen = gen_.load();
+    if (count_.fetch_add(1) + 1 == threads_) {
+      count_.store(0);
+      gen_.fetch_add(1);
+      return;
+    }
+    while (gen_.load() == gen) std::this_thread::yield();
+  }
+
+ private:
+  const int threads_;
+  std::atomic<int> count_{0};
+  std::atomic<int> gen_{0};
+};
+
+// Runs fn(thread) on `threads` threads at once, `reps` passes; returns the median over passes of
+// the per-thread bytes per second for `bytes` moved per call. A pass lasts from the moment all
+// threads are released together to the moment the last one finishes, so with more threads than
+// cores (4 ranks on 2 cores) the rate is what each thread gets while all of them run, not what one
+// gets in the time slices it has the core to itself.
 template <typename Fn>
 double perThread(int threads, size_t bytes, int reps, Fn fn) {
+  Gate gate(threads);
   std::vector<double> rates;
-  std::atomic<int> ready{0};
+  std::chrono::steady_clock::time_point t0;
   std::vector<std::thread> ts;
-  std::vector<std::vector<double>> per(static_cast<size_t>(threads));
   for (int t = 0; t < threads; ++t)
     ts.emplace_back([&, t] {
       fn(t);  // warm: pages touched, caches as they will be
-      ready.fetch_add(1);
-      while (ready.load() < threads) std::this_thread::yield();
       for (int r = 0; r < reps; ++r) {
-        auto t0 = std::chrono::steady_clock::now();
+        gate.arrive();
+        if (t == 0) t0 = std::chrono::steady_clock::now();
+        gate.arrive();
         fn(t);
-        per[static_cast<size_t>(t)].push_back(static_cast<double>(bytes) /
-                                              seconds(std::chrono::steady_clock::now() - t0));
+        gate.arrive();
+        if (t == 0) rates.push_back(static_cast<double>(bytes) / seconds(std::chrono::steady_clock::now() - t0));
       }
     });
   for (auto& t : ts) t.join();
-  for (auto& v : per) rates.insert(rates.end(), v.begin(), v.end());
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2] / 1e9;
 }
