@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -39,12 +40,15 @@ class Gate {
 };
 
 // Runs fn(thread) on `threads` threads at once, `reps` passes; returns the median over passes of
-// the per-thread bytes per second for `bytes` moved per call. A pass lasts from the moment all
+// the per-thread bytes per second for `bytes` moved per call of fn. A pass lasts from the moment all
 // threads are released together to the moment the last one finishes, so with more threads than
 // cores (4 ranks on 2 cores) the rate is what each thread gets while all of them run, not what one
 // gets in the time slices it has the core to itself.
 template <typename Fn>
 double perThread(int threads, size_t bytes, int reps, Fn fn) {
+  // Small buffers: several calls per pass, so that a pass (about 16 MiB per thread) outlasts
+  // the release and the gathering of the threads.
+  const int calls = static_cast<int>(std::max<size_t>(1, (size_t{16} << 20) / std::max<size_t>(bytes, 1)));
   Gate gate(threads);
   std::vector<double> rates;
   std::chrono::steady_clock::time_point t0;
@@ -56,9 +60,10 @@ double perThread(int threads, size_t bytes, int reps, Fn fn) {
         gate.arrive();
         if (t == 0) t0 = std::chrono::steady_clock::now();
         gate.arrive();
-        fn(t);
+        for (int i = 0; i < calls; ++i) fn(t);
         gate.arrive();
-        if (t == 0) rates.push_back(static_cast<double>(bytes) / seconds(std::chrono::steady_clock::now() - t0));
+        if (t == 0)
+          rates.push_back(static_cast<double>(bytes) * calls / seconds(std::chrono::steady_clock::now() - t0));
       }
     });
   for (auto& t : ts) t.join();
@@ -76,18 +81,25 @@ int main(int argc, char** argv) {
   const int threads = std::max(1, std::atoi(argv[1]));
   for (int a = 2; a < argc; ++a) {
     const size_t bytes = std::max<size_t>(64, std::strtoull(argv[a], nullptr, 10)) / 4 * 4;
-    const int reps = bytes >= (16u << 20) ? 5 : (bytes >= (1u << 20) ? 20 : 200);
-    std::vector<std::vector<float>> src(static_cast<size_t>(threads)), dst(static_cast<size_t>(threads));
+    const int reps = bytes >= (16u << 20) ? 5 : 9;
+    // Buffers placed on purpose: glibc's memcpy crawls when the destination lies 1 to 63 bytes
+    // past the source modulo 4096 (README, "Ranks of one node"), which malloc's placement can
+    // hit, and a[i] += b[i] stalls on 4K aliasing when it lies exactly a multiple of 4096 past:
+    // the destination starts 256 bytes into a page, the source at a page.
+    const size_t alloc = (bytes + 256 + 4095) / 4096 * 4096;
+    std::vector<std::unique_ptr<float, decltype(&std::free)>> src, dst;
     for (int t = 0; t < threads; ++t) {
-      src[static_cast<size_t>(t)].assign(bytes / 4, 1.0f);
-      dst[static_cast<size_t>(t)].assign(bytes / 4, 2.0f);
+      src.emplace_back(static_cast<float*>(std::aligned_alloc(4096, alloc)), &std::free);
+      dst.emplace_back(static_cast<float*>(std::aligned_alloc(4096, alloc)), &std::free);
+      std::fill(src.back().get(), src.back().get() + bytes / 4, 1.0f);
+      std::fill(dst.back().get() + 64, dst.back().get() + 64 + bytes / 4, 2.0f);
     }
     const double copy = perThread(threads, bytes, reps, [&](int t) {
-      std::memcpy(dst[static_cast<size_t>(t)].data(), src[static_cast<size_t>(t)].data(), bytes);
+      std::memcpy(dst[static_cast<size_t>(t)].get() + 64, src[static_cast<size_t>(t)].get(), bytes);
     });
     const double sum = perThread(threads, bytes, reps, [&](int t) {
-      float* d = dst[static_cast<size_t>(t)].data();
-      const float* s = src[static_cast<size_t>(t)].data();
+      float* d = dst[static_cast<size_t>(t)].get() + 64;
+      const float* s = src[static_cast<size_t>(t)].get();
       for (size_t i = 0; i < bytes / 4; ++i) d[i] += s[i];
     });
     std::printf("membw %d %zu %.4f %.4f\n", threads, bytes, copy, sum);
