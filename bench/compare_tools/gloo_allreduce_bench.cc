@@ -23,8 +23,8 @@
 
 namespace {
 
-// Set once every rank has its figures. Gloo 0.5's TCP pairs throw on their event-loop thread when
-// a peer closes its socket, even with nothing pending, and that aborts the process: a rank that
+// Set once this rank has all its figures, just before the ranks leave together. Gloo 0.5's TCP pairs throw on their
+// event-loop thread when a peer closes its socket, even with nothing pending, and that aborts the process: a rank that
 // exits first used to kill a peer still leaving (about one run in five with 2 ranks). After this,
 // such an abort is an orderly exit.
 std::atomic<bool> finished{false};

@@ -85,20 +85,21 @@ int main(int argc, char** argv) {
     // Buffers placed on purpose: glibc's memcpy crawls when the destination lies 1 to 63 bytes
     // past the source modulo 4096 (README, "Ranks of one node"), which malloc's placement can
     // hit, and a[i] += b[i] stalls on 4K aliasing when it lies exactly a multiple of 4096 past:
-    // the destination starts 256 bytes into a page, the source at a page.
-    const size_t alloc = (bytes + 256 + 4095) / 4096 * 4096;
+    // the destination starts kDstOffset floats (256 bytes) into a page, the source at a page.
+    constexpr size_t kDstOffset = 64;
+    const size_t alloc = (bytes + kDstOffset * sizeof(float) + 4095) / 4096 * 4096;
     std::vector<std::unique_ptr<float, decltype(&std::free)>> src, dst;
     for (int t = 0; t < threads; ++t) {
       src.emplace_back(static_cast<float*>(std::aligned_alloc(4096, alloc)), &std::free);
       dst.emplace_back(static_cast<float*>(std::aligned_alloc(4096, alloc)), &std::free);
       std::fill(src.back().get(), src.back().get() + bytes / 4, 1.0f);
-      std::fill(dst.back().get() + 64, dst.back().get() + 64 + bytes / 4, 2.0f);
+      std::fill(dst.back().get() + kDstOffset, dst.back().get() + kDstOffset + bytes / 4, 2.0f);
     }
     const double copy = perThread(threads, bytes, reps, [&](int t) {
-      std::memcpy(dst[static_cast<size_t>(t)].get() + 64, src[static_cast<size_t>(t)].get(), bytes);
+      std::memcpy(dst[static_cast<size_t>(t)].get() + kDstOffset, src[static_cast<size_t>(t)].get(), bytes);
     });
     const double sum = perThread(threads, bytes, reps, [&](int t) {
-      float* d = dst[static_cast<size_t>(t)].get() + 64;
+      float* d = dst[static_cast<size_t>(t)].get() + kDstOffset;
       const float* s = src[static_cast<size_t>(t)].get();
       for (size_t i = 0; i < bytes / 4; ++i) d[i] += s[i];
     });
