@@ -73,6 +73,9 @@ class Socket {
 
 void setNonBlocking(int fd);
 void setNoDelay(int fd);
+/// Acknowledges what the socket has received now, and leaves the kernel's delayed-ACK mode
+/// (TCP_QUICKACK; the kernel may return to it later, so callers set it again after reads).
+void setQuickAck(int fd);
 /// Sets SO_SNDBUF and SO_RCVBUF (0: leave the kernel's autotuning alone).
 void setBufferSizes(int fd, int bytes);
 /// The local address a socket is bound to.
