@@ -46,11 +46,15 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
         comm.failureState()->fail(m);
         throw m.toError(comm.rank());
       }
-      // Any rank of the node that failed or left dooms this collective, not only the one awaited.
+      // Any rank of the node that failed or left before it reached this step dooms this
+      // collective, not only the one awaited. One that reached it did its part: after the last
+      // barrier of a collective a rank may return and close its communicator while the others
+      // still wait here for a third one, or read its area (which stays mapped in theirs). A rank
+      // publishes its step before it leaves, so its step is read after the word that it left.
       for (size_t q = 0; ar.gone && q < ar.steps.size(); ++q) {
         if (static_cast<int>(q) == ar.me) continue;
         const std::string why = ar.gone(static_cast<int>(q));
-        if (!why.empty()) {
+        if (!why.empty() && ar.steps[q]->load(std::memory_order_acquire) < target) {
           Status s = Status::error(ErrorCode::Remote,
                                    strFormat("%s #%lld (%s): rank %d will not take part: %s", c.name(),
                                              static_cast<long long>(c.seq()), c.algo(), ar.ranks[q], why.c_str()),
