@@ -769,7 +769,7 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
     lock.unlock();
     ssize_t n = recv(fd, dst, len, MSG_DONTWAIT);
     const int err = errno;
-    if (n >= kQuickAckBytes || (n > 0 && midPayload)) setQuickAck(fd);
+    if (options_.quickAck && (n >= kQuickAckBytes || (n > 0 && midPayload))) setQuickAck(fd);
     lock.lock();
     s.reading = false;
     ++reads;

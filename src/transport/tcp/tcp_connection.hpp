@@ -59,6 +59,7 @@ struct TcpOptions {
   int readsPerEvent = 64;                   ///< recv calls per readable event before yielding to other sockets
   uint32_t pushTagBit = kCollectiveTagBit;  ///< tags with this bit (collectives') may be sent at once ...
   size_t pushBytes = 1024 * 1024;           ///< ... up to this size (0: never)
+  bool quickAck = true;                     ///< acknowledge bulk reads at once (see read())
 };
 
 class TcpConnection : public Connection {

@@ -35,6 +35,9 @@ LOOM_PARAM_INT(keepaliveParam, "LOOM_TCP_KEEPALIVE_S", 10,
 LOOM_PARAM_INT(pushBytesParam, "LOOM_PUSH_BYTES", 1024 * 1024,
                "largest message of a collective sent over TCP at once, without waiting for the receiver to ask for it "
                "(max 1 MiB; 0: never)");
+LOOM_PARAM_INT(quickAckParam, "LOOM_TCP_QUICKACK", 1,
+               "1: ask TCP to acknowledge bulk reads at once (TCP_QUICKACK), so that delayed ACKs never hold up a "
+               "sender; 0: the kernel's delayed ACKs");
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_EAGER_BYTES", 64 * 1024,
                "largest TCP message sent at once; larger ones wait for the receiver (max 1 MiB)");
 
@@ -458,6 +461,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   options.readyBytes = static_cast<size_t>(std::clamp<int64_t>(readyBytesParam(), 0, kMaxPushBytes));
   options.pushBytes = static_cast<size_t>(std::clamp<int64_t>(pushBytesParam(), 0, kMaxEagerBytes));
   options.readsPerEvent = static_cast<int>(std::clamp<int64_t>(readsPerEventParam(), 1, 1 << 20));
+  options.quickAck = quickAckParam() != 0;
   std::vector<std::unique_ptr<Connection>> out;
   for (int peer : peers) {
     // "via eth0 198.18.0.1 -> 198.18.0.2:41234, eth1 198.18.1.1 -> 198.18.1.2:38001": each
