@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -31,6 +32,8 @@ constexpr size_t kMaxWordBytes = 4096;
 // Each store request on a failure path gives up after this (a stopped store host must not add
 // the whole operation timeout to an error that is already known).
 constexpr std::chrono::milliseconds kStoreNoteLimit(2000);
+// The request number a departing rank's final flight record answers: every one.
+constexpr int64_t kFinalRecord = std::numeric_limits<int64_t>::max();
 
 std::string lastWordKey(int rank) { return "left/" + std::to_string(rank); }
 
@@ -241,6 +244,7 @@ int CommImpl::localRank() const {
 CommImpl::~CommImpl() {
   unregisterForDump(this);
   failure_->setHook(nullptr);
+  if (failure_->failed()) leaveRecord();
   if (progress_) progress_->detach();
   // The peers still connected learn why this rank goes: the failure that stopped it, if any
   // (their own error then names the rank that caused it), else that it was destroyed.
@@ -263,6 +267,21 @@ void CommImpl::leaveWord(const Status& status) {
   const std::string word = status.message.substr(0, kMaxWordBytes);
   if (!access_.store->setBounded(lastWordKey(rank_), Bytes(word.begin(), word.end()), kStoreNoteLimit))
     LOOM_INFO("could not leave this rank's word in the rendezvous store");
+}
+
+void CommImpl::leaveRecord() noexcept {
+  // A failed rank's record no longer changes: it answers every dump request, those made after it
+  // left too (a peer whose hang report is still gathering when this rank's wait failed because
+  // another rank went, and this rank leaves before it looked for the request again).
+  if (size_ == 1) return;
+  try {
+    std::lock_guard<std::mutex> lock(dumpMu_);
+    const std::string text = std::to_string(kFinalRecord) + "\n" + flight_.serialize();
+    if (access_.store->setBounded("flight/" + std::to_string(rank_), Bytes(text.begin(), text.end()), kStoreNoteLimit))
+      answeredDump_ = kFinalRecord;
+  } catch (...) {
+    // The store is gone (rank 0 left): nobody can ask.
+  }
 }
 
 void CommImpl::failEverything(const Status& status) {

@@ -129,6 +129,9 @@ class CommImpl : public Progressable {
   void runRecorded(int64_t seq, FunctionRef<void(int64_t)> body);
   /// Publishes this rank's record if a dump was requested since it last did (store counter).
   void answerDumpRequests();
+  /// Publishes this failed rank's final record as the answer to every dump request, later ones
+  /// included (it is going away and will answer no more); best effort.
+  void leaveRecord() noexcept;
 
   // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
   int nodeCount() const { return static_cast<int>(nodeRanks_.size()); }

@@ -13,6 +13,7 @@
 
 #include "common/collective_check.hpp"
 #include "common/ranks.hpp"
+#include "core/comm_impl.hpp"
 #include "kernels/reduce.hpp"
 
 using loom::DataType;
@@ -491,4 +492,38 @@ TEST_P(HangReport, NamesTheRankThatHasNotEnteredTheCollective) {
   for (int r : {0, 1, 3})
     waiters = waiters || results[static_cast<size_t>(r)].error.find("waiting in it since") != std::string::npos;
   EXPECT_TRUE(waiters);
+}
+
+// A rank whose communicator failed and was closed leaves its final flight record as the answer to
+// every dump request, later ones too: a hang report gathered after it left still says where it
+// stopped (before, it read "did not answer" when the rank's wait failed and it went between two
+// requests; seen in HangReport above when rank 0 finished first and rank 2's receive from it failed).
+TEST(HangReport, ARankThatLeftAfterFailingStillAnswers) {
+  loom::Options o;
+  o.timeout = std::chrono::seconds(20);
+  std::vector<std::string> reports(3);
+  auto results = loomtest::runRanks(
+      3,
+      [&](loom::Communicator& c) {
+        std::vector<float> v(16, 1.0f);
+        c.broadcast(v.data(), v.data(), v.size(), DataType::Float32, 0);  // #0, every rank
+        if (c.rank() == 2) {
+          int x = 0;
+          // Never sent: the wait times out and fails the communicator, which then closes.
+          EXPECT_THROW(c.irecv(&x, 1, DataType::Int32, 0, 99).wait(std::chrono::milliseconds(100)), loom::Error);
+          return;
+        }
+        // Never sent either: fails when rank 2's communicator fails and closes its links.
+        int y = 0;
+        EXPECT_THROW(c.irecv(&y, 1, DataType::Int32, 2, 98).wait(std::chrono::seconds(15)), loom::Error);
+        reports[static_cast<size_t>(c.rank())] = c.impl()->hangReport(1, std::chrono::milliseconds(1500));
+      },
+      o);
+  (void)results;
+  for (int r : {0, 1}) {
+    const std::string& e = reports[static_cast<size_t>(r)];
+    EXPECT_NE(e.find("rank 2 has not entered #1; its last completed op is broadcast #0"), std::string::npos)
+        << r << ": " << e;
+    EXPECT_EQ(e.find("did not answer"), std::string::npos) << r << ": " << e;
+  }
 }
