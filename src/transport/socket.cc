@@ -165,6 +165,8 @@ void setQuickAck(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
 }
 
+void setLowWater(int fd, int bytes) { setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof(bytes)); }
+
 void setBufferSizes(int fd, int bytes) {
   if (bytes <= 0) return;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));

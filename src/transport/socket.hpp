@@ -76,6 +76,9 @@ void setNoDelay(int fd);
 /// Acknowledges what the socket has received now, and leaves the kernel's delayed-ACK mode
 /// (TCP_QUICKACK; the kernel may return to it later, so callers set it again after reads).
 void setQuickAck(int fd);
+/// Sets SO_RCVLOWAT: the socket reads as readable (poll, epoll) once `bytes` are queued (or it
+/// closed, or its memory runs short).
+void setLowWater(int fd, int bytes);
 /// Sets SO_SNDBUF and SO_RCVBUF (0: leave the kernel's autotuning alone).
 void setBufferSizes(int fd, int bytes);
 /// The local address a socket is bound to.

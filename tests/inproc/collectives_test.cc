@@ -12,6 +12,7 @@
 #include <random>
 
 #include "common/collective_check.hpp"
+#include "common/env_guard.hpp"
 #include "common/ranks.hpp"
 #include "core/comm_impl.hpp"
 #include "kernels/reduce.hpp"
@@ -34,26 +35,7 @@ void runCase(loom::Communicator& c, const char* coll, const Case& k) {
   loomtest::runCase(c, coll, k, [](const std::string& what) { ADD_FAILURE() << what; });
 }
 
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const std::string& value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~EnvGuard() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_;
-  std::string old_;
-};
+using loomtest::EnvGuard;
 
 // Forces algorithms for one test: LOOM_ALGO's text, optionally followed by "+N" to run the ring
 // algorithms over N channels whatever the size (LOOM_RING_CHANNELS, no minimum segment); without

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <numeric>
 
+#include "common/env_guard.hpp"
 #include "common/ranks.hpp"
+#include "core/request.hpp"
 #include "transport/socket.hpp"
 
 using loom::DataType;
@@ -111,6 +113,46 @@ TEST_P(P2PLinks, ManyInFlightArriveInOrder) {
       for (size_t i = 0; i < in[m].size(); ++i)
         if (in[m][i] != pattern(from, c.rank(), m, i)) FAIL() << "message " << m << " byte " << i;
   });
+}
+
+// With more ranks than cores, a TCP socket receiving a long payload wakes its reader only once a
+// low-water mark of bytes has come (SO_RCVLOWAT, LOOM_TCP_LOWAT). The mark never asks for more
+// than the payload still owes: messages around it and its multiples, posted before and after
+// they arrive, both directions at once, arrive whole (a mark left too high would hold back a
+// message's tail until the deadline).
+TEST(P2P, TcpLowWaterMarkNeverHoldsBackATail) {
+  loomtest::TransportSetup links("tcp");
+  const size_t kMark = 4096;
+  loomtest::EnvGuard mark("LOOM_TCP_LOWAT", std::to_string(kMark));
+  loomtest::EnvGuard eager("LOOM_EAGER_BYTES", "1024");  // larger messages go after a CTS, into the receive
+  loom::detail::noteRanksOnThisMachine(1 << 20);         // crowded, whatever this machine has
+  const size_t sizes[] = {kMark - 1, kMark,    kMark + 1,      2 * kMark + 3, 65537,
+                          300001,    1u << 20, (1u << 20) + 7, 3 * kMark,     (5u << 20) + 11};
+  loom::Options o;
+  o.timeout = std::chrono::seconds(20);  // a held-back tail shows as a timeout, not a hang
+  runOk(
+      2,
+      [&](loom::Communicator& c) {
+        const int peer = 1 - c.rank();
+        const int n = static_cast<int>(sizeof sizes / sizeof sizes[0]);
+        std::vector<std::vector<uint8_t>> out(n), in(n);
+        std::vector<loom::Work> works;
+        for (int m = 0; m < n; ++m) {
+          out[m].resize(sizes[m]);
+          for (size_t i = 0; i < sizes[m]; ++i) out[m][i] = pattern(c.rank(), peer, m, i);
+          in[m].assign(sizes[m], 0);
+        }
+        // Half the receives before the sends (their bytes go straight in), half after (the
+        // unexpected path), each on its own tag.
+        for (int m = 0; m < n; m += 2) works.push_back(c.irecv(in[m].data(), sizes[m], DataType::Uint8, peer, m));
+        for (int m = 0; m < n; ++m) works.push_back(c.isend(out[m].data(), sizes[m], DataType::Uint8, peer, m));
+        for (int m = 1; m < n; m += 2) works.push_back(c.irecv(in[m].data(), sizes[m], DataType::Uint8, peer, m));
+        loom::waitAll(works);
+        for (int m = 0; m < n; ++m)
+          for (size_t i = 0; i < sizes[m]; ++i)
+            if (in[m][i] != pattern(peer, c.rank(), m, i)) FAIL() << "message " << m << " byte " << i;
+      },
+      o);
 }
 
 TEST_P(P2PLinks, TagsMatchIndependently) {

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/env_guard.hpp"
 #include "common/ranks.hpp"
 #include "transport/shm/cma.hpp"
 #include "transport/shm/segment.hpp"
@@ -35,26 +36,7 @@ std::set<std::string> loomSegments() {
   return out;
 }
 
-class EnvVar {
- public:
-  EnvVar(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~EnvVar() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using EnvVar = loomtest::EnvGuard;
 
 // Every rank sends every other rank one message of each size, all at once, and checks them.
 void exchangeSizes(loom::Communicator& c, int round) {

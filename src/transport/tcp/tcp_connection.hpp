@@ -60,6 +60,7 @@ struct TcpOptions {
   uint32_t pushTagBit = kCollectiveTagBit;  ///< tags with this bit (collectives') may be sent at once ...
   size_t pushBytes = 1024 * 1024;           ///< ... up to this size (0: never)
   bool quickAck = true;                     ///< acknowledge bulk reads at once (see read())
+  size_t lowWater = 256 * 1024;             ///< wake the reader of a long payload per this many bytes (0: per packet)
 };
 
 class TcpConnection : public Connection {
@@ -141,6 +142,10 @@ class TcpConnection : public Connection {
   void onReadable(int stream) noexcept;
   void onWritable(int stream) noexcept;
   Status read(Stream& s, std::unique_lock<std::mutex>& lock);
+  Status readSome(Stream& s, std::unique_lock<std::mutex>& lock);
+  /// Sets the stream's SO_RCVLOWAT for what it reads next: options_.lowWater while a payload
+  /// longer than that is being read into its destination, else 1 (never more than will come).
+  void setLowWaterLocked(Stream& s);
   /// Writes queued frames until the queue is empty, the socket is full, or `budget` bytes went
   /// out; then arms the send engine if anything is left. Returns at once if another thread is
   /// writing this stream (that writer picks the new frames up).

@@ -38,6 +38,8 @@ LOOM_PARAM_INT(pushBytesParam, "LOOM_PUSH_BYTES", 1024 * 1024,
 LOOM_PARAM_INT(quickAckParam, "LOOM_TCP_QUICKACK", 1,
                "1: ask TCP to acknowledge bulk reads at once (TCP_QUICKACK), so that delayed ACKs never hold up a "
                "sender; 0: the kernel's delayed ACKs");
+LOOM_PARAM_INT(lowWaterParam, "LOOM_TCP_LOWAT", 256 * 1024,
+               "bytes of a long payload a socket gathers before its reader is woken (SO_RCVLOWAT); 0: every packet");
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_EAGER_BYTES", 64 * 1024,
                "largest TCP message sent at once; larger ones wait for the receiver (max 1 MiB)");
 
@@ -462,6 +464,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   options.pushBytes = static_cast<size_t>(std::clamp<int64_t>(pushBytesParam(), 0, kMaxEagerBytes));
   options.readsPerEvent = static_cast<int>(std::clamp<int64_t>(readsPerEventParam(), 1, 1 << 20));
   options.quickAck = quickAckParam() != 0;
+  options.lowWater = static_cast<size_t>(std::clamp<int64_t>(lowWaterParam(), 0, 16 << 20));
   std::vector<std::unique_ptr<Connection>> out;
   for (int peer : peers) {
     // "via eth0 198.18.0.1 -> 198.18.0.2:41234, eth1 198.18.1.1 -> 198.18.1.2:38001": each
