@@ -445,6 +445,7 @@ RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)
   auto done = std::make_shared<Request>(rank_, -1, strFormat("%s #%lld", what.c_str(), static_cast<long long>(seq)),
                                         timeout_, failure_);
   done->setQueue(progress_);
+  done->diagnoseOnTimeout = true;
   for (int64_t k = 0; k < seqs; ++k) flight_.queued(seq + k, sig);
   queue_->submit(done, [this, body = std::move(body), seq] {
     AttendScope attend(progress_);

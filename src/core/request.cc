@@ -259,8 +259,9 @@ void Request::wait(std::chrono::milliseconds timeout) {
   if (!waitUntil(deadline.at())) {
     // What every rank is doing, where they answer (the flight records, core/flight_recorder.hpp).
     // (Only for a collective's messages: a point-to-point wait is no collective's.)
-    const bool collective = label_.has_value() && label_->coll != nullptr;
-    const std::string report = progress_ && collective && !done() ? progress_->diagnose() : std::string();
+    const bool collective = (label_.has_value() && label_->coll != nullptr) || diagnoseOnTimeout;
+    ProgressHook* hook = progress_ ? progress_.get() : queue_.get();
+    const std::string report = hook != nullptr && collective && !done() ? hook->diagnose() : std::string();
     Status s = Status::error(
         ErrorCode::Timeout,
         strFormat("timed out after %.1f s waiting for %s: the peer may have stopped, hung or called a different "

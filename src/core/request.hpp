@@ -207,6 +207,10 @@ class Request {
   /// For a collective's completion on the op queue: lets wait() run the queued ops itself
   /// (Progressable::runQueued). Set before the request is queued.
   void setQueue(std::shared_ptr<ProgressHook> queue) { queue_ = std::move(queue); }
+  /// For a collective's completion on the op queue: a timeout carries the hang report, as one in
+  /// the collective's own waits does (the caller's wait may end first while a worker thread runs
+  /// the collective). Set before the request is queued.
+  bool diagnoseOnTimeout = false;
   /// For receives whose size must match exactly (collectives): the size expected, or SIZE_MAX.
   size_t expectBytes = SIZE_MAX;
   /// The collective call this message belongs to (core/signature.hpp), or 0: a transport fails a

@@ -476,6 +476,36 @@ TEST_P(HangReport, NamesTheRankThatHasNotEnteredTheCollective) {
   EXPECT_TRUE(waiters);
 }
 
+// The wait on an asynchronous collective that a worker thread runs can end before the
+// collective's own waits do (here: a shorter timeout on the Work, as torch's Work.wait passes);
+// its error carries the hang report too (before, it said only "timed out ... waiting for
+// all_reduce #0": seen in the torch suite when the worker, not the waiting thread, ran the call).
+TEST(HangReport, AnAsynchronousCollectivesWaitCarriesTheReport) {
+  loom::Options o;
+  o.timeout = std::chrono::seconds(20);
+  std::string error;
+  loomtest::runRanks(
+      2,
+      [&](loom::Communicator& c) {
+        if (c.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(4));  // never calls, and is not in a Loom wait
+          return;
+        }
+        std::vector<float> v(10, 1.0f);
+        loom::Work w = c.iallReduce(v.data(), v.data(), v.size(), DataType::Float32, ReduceOp::Sum);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the worker has taken it
+        try {
+          w.wait(std::chrono::seconds(1));
+        } catch (const loom::Error& e) {
+          error = e.what();
+        }
+      },
+      o);
+  EXPECT_NE(error.find("timed out after 1.0 s waiting for all_reduce #0"), std::string::npos) << error;
+  EXPECT_NE(error.find("hang report for all_reduce #0 of 10 float32 (sum)"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1 did not answer"), std::string::npos) << error;
+}
+
 // A rank whose communicator failed and was closed leaves its final flight record as the answer to
 // every dump request, later ones too: a hang report gathered after it left still says where it
 // stopped (before, it read "did not answer" when the rank's wait failed and it went between two
