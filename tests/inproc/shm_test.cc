@@ -1,7 +1,7 @@
 // The shared-memory transport, ranks as threads of one process (one node): which transport each
 // pair gets, the copy paths (single copy, ring fallback, refusal in mid-run), nothing left in
 // /dev/shm, and bad input at setup (a name collision, a full /dev/shm, a segment of the wrong
-// version). Collectives and point-to-point over shared memory are covered by the matrices in
+// version or size). Collectives and point-to-point over shared memory are covered by the matrices in
 // collectives_test.cc and p2p_test.cc; processes and SIGKILL by the multiproc suite.
 #include <dirent.h>
 #include <fcntl.h>
@@ -185,6 +185,22 @@ TEST(Shm, ASegmentOfAnotherVersionIsAClearError) {
   EXPECT_NE(results[0].error.find("rank 1's shared-memory segment"), std::string::npos) << results[0].error;
   for (int r = 0; r < 3; ++r)
     EXPECT_NE(results[r].error.find("version is 99"), std::string::npos) << "rank " << r << ": " << results[r].error;
+  EXPECT_EQ(loomSegments(), before);
+}
+
+// A segment whose header describes another size than its owner announced (a peer built with
+// other ring sizes, or a stale segment of the same name): a clear error naming the segment and
+// its owner, on every rank, and nothing left in /dev/shm.
+TEST(Shm, ASegmentOfTheWrongSizeIsAClearError) {
+  HookReset reset;
+  const auto before = loomSegments();
+  loom::shm::segmentTestHooks().afterCreate = [](loom::shm::SegmentHeader* h) {
+    if (h->owner == 2) h->totalBytes += 4096;
+  };
+  auto results = loomtest::runRanks(3, [](loom::Communicator&) {});
+  EXPECT_NE(results[0].error.find("rank 2's shared-memory segment"), std::string::npos) << results[0].error;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(results[r].error.find("bytes announced"), std::string::npos) << "rank " << r << ": " << results[r].error;
   EXPECT_EQ(loomSegments(), before);
 }
 
