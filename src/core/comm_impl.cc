@@ -36,6 +36,9 @@ constexpr std::chrono::milliseconds kStoreNoteLimit(2000);
 constexpr int64_t kFinalRecord = std::numeric_limits<int64_t>::max();
 
 std::string lastWordKey(int rank) { return "left/" + std::to_string(rank); }
+// A rank's flight record in the store: "<the last dump request it answers>\n<record>".
+std::string flightKey(int rank) { return "flight/" + std::to_string(rank); }
+std::string flightText(int64_t answers, const std::string& record) { return std::to_string(answers) + "\n" + record; }
 
 std::string hostName() {
   char buf[256] = {0};
@@ -276,8 +279,8 @@ void CommImpl::leaveRecord() noexcept {
   if (size_ == 1) return;
   try {
     std::lock_guard<std::mutex> lock(dumpMu_);
-    const std::string text = std::to_string(kFinalRecord) + "\n" + flight_.serialize();
-    if (access_.store->setBounded("flight/" + std::to_string(rank_), Bytes(text.begin(), text.end()), kStoreNoteLimit))
+    const std::string text = flightText(kFinalRecord, flight_.serialize());
+    if (access_.store->setBounded(flightKey(rank_), Bytes(text.begin(), text.end()), kStoreNoteLimit))
       answeredDump_ = kFinalRecord;
   } catch (...) {
     // The store is gone (rank 0 left): nobody can ask.
@@ -597,7 +600,7 @@ void CommImpl::answerDumpRequests() {
   const int64_t wanted = access_.store->add("dump/request", 0);
   std::lock_guard<std::mutex> lock(dumpMu_);
   if (wanted <= answeredDump_) return;
-  access_.store->setString("flight/" + std::to_string(rank_), std::to_string(wanted) + "\n" + flight_.serialize());
+  access_.store->setString(flightKey(rank_), flightText(wanted, flight_.serialize()));
   answeredDump_ = wanted;
 }
 
@@ -613,7 +616,7 @@ std::string CommImpl::hangReport(int64_t seq, std::chrono::milliseconds waitFor)
       answerDumpRequests();
       for (int r = 0; r < size_; ++r) {
         if (records.count(r) != 0) continue;
-        if (auto v = access_.store->tryGet("flight/" + std::to_string(r))) {
+        if (auto v = access_.store->tryGet(flightKey(r))) {
           // Only answers to this request or a later one: an older record may be stale.
           const std::string text(v->begin(), v->end());
           const size_t nl = text.find('\n');
