@@ -22,6 +22,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -286,6 +287,7 @@ int main(int argc, char** argv) {
     r.rank = o.rankOffset + l;
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return 1;
+    const pid_t self = getpid();
     pid_t pid = fork();
     if (pid < 0) {
       std::perror("loomrun: fork");
@@ -293,6 +295,11 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       setpgid(0, 0);  // its own group: loomrun stops the rank's whole process tree
+      // A loomrun killed outright (SIGKILL, the OOM killer) cannot stop its ranks: the kernel does,
+      // rather than leave them waiting on peers until their deadline. (Checked after the prctl, in
+      // case loomrun went before it.)
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != self) _exit(128 + SIGKILL);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
       signal(SIGCHLD, SIG_DFL);

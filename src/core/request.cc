@@ -1,5 +1,7 @@
 #include "core/request.hpp"
 
+#include <time.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -16,7 +18,19 @@ namespace {
 // in bench/ddp_overlap, with 500 us 80-93%; back-to-back collectives do not change (they never
 // sleep).
 LOOM_PARAM_INT(spinWaitUs, "LOOM_SPIN_WAIT_US", 500,
-               "microseconds without progress a waiter keeps polling its connection before it sleeps");
+               "microseconds of its own CPU time without progress a waiter keeps polling its connection before it "
+               "sleeps");
+// With more ranks than cores a waiter yields its core after every empty poll, so polling longer
+// costs the ranks that share the core little, while each sleep costs a wake-up through the progress
+// engine and a new placement by the scheduler. 4 nodes of one rank on 2 cores, 8-byte all-reduce:
+// with 500 us the ranks slept 7 times a second each, and the scheduler, placing them anew at each
+// wake-up, left three on one core a fifth of the time (47-60 us per call, Open MPI 48-51 us: it
+// never sleeps); with 5000 us they stayed two per core (41-48 us).
+LOOM_PARAM_INT(crowdedSpinWaitUs, "LOOM_CROWDED_SPIN_WAIT_US", 5000,
+               "LOOM_SPIN_WAIT_US with more ranks than cores on the machine");
+// However little CPU time a waiter gets, it looks at its deadline and at what would make the wait
+// hopeless (Progressable::check, from the sleep) at least this often.
+constexpr auto kSpinWallLimit = std::chrono::milliseconds(100);
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,9 +44,20 @@ LOOM_PARAM_INT(crowdedSleepParam, "LOOM_CROWDED_SLEEP_BYTES", 256 * 1024,
                "with more ranks than cores, waits for collective messages this large sleep at once instead of "
                "polling (0: always poll first)");
 
-int64_t spinBudgetUs() {
-  static const int64_t v = spinWaitUs();
-  return v;
+// The spin budget counts this thread's own CPU time: with more ranks than cores, a waiter that the
+// scheduler left off its core for a millisecond (while its peer ran there) has not waited in vain,
+// and going to sleep then (a wake-up through the progress engine, and a fresh placement by the
+// scheduler) costs more than the message it waits for. With a core per rank the two clocks agree.
+std::chrono::nanoseconds threadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+std::chrono::microseconds spinBudget(bool crowded) {
+  static const int64_t alone = spinWaitUs();
+  static const int64_t shared = crowdedSpinWaitUs();
+  return std::chrono::microseconds(crowded ? shared : alone);
 }
 
 size_t crowdedSleepBytes() {
@@ -175,27 +200,32 @@ bool Request::waitUntil(Clock::time_point deadline) {
   // First drive the peer's connection from this thread (no wake-up of a progress thread on the
   // path), for as long as bytes keep moving; after LOOM_SPIN_WAIT_US without progress, sleep and
   // leave the rest to the progress threads.
-  const auto budget = std::chrono::microseconds(spinBudgetUs());
+  const bool crowded = pauseSpinsBeforeYield().load(std::memory_order_relaxed) <= kPauseSpinsCrowded;
+  const auto budget = spinBudget(crowded);
   // With more ranks than cores, a large transfer is not worth a core: spinning on it takes the CPU
   // the network stack and the peers need, so the waiter sleeps and the progress threads move it.
-  const bool crowded = pauseSpinsBeforeYield().load(std::memory_order_relaxed) <= kPauseSpinsCrowded;
   const bool large = label_.has_value() && label_->bytes >= crowdedSleepBytes();
   if (budget.count() > 0 && !(crowded && large)) {
     if (progress_) progress_->begin(peer_);
-    auto lastProgress = Clock::now();
+    // Read at the first look at the clocks: most waits end before it, and the CPU clock's read is a
+    // system call.
+    std::chrono::nanoseconds lastProgress{-1};
+    Clock::time_point lastProgressWall;
     bool finished = false;
     int idle = 0;
     bool progressed = false;
     const int pauseSpins = pauseSpinsBeforeYield().load(std::memory_order_relaxed);
     for (unsigned spins = 0;; ++spins) {
-      // Reading the clock costs as much as a poll (more on some virtual machines): look at it
+      // Reading a clock costs as much as a poll (more on some virtual machines): look at them
       // every 64 rounds, and note progress as a flag in between.
       if ((spins & 63) == 63) {
-        const auto now = Clock::now();
-        if (progressed) {
+        const auto now = threadCpuTime();
+        const auto wall = Clock::now();
+        if (progressed || lastProgress.count() < 0) {
           lastProgress = now;
+          lastProgressWall = wall;
           progressed = false;
-        } else if (now - lastProgress >= budget) {
+        } else if (now - lastProgress >= budget || wall - lastProgressWall >= kSpinWallLimit || wall >= deadline) {
           break;
         }
       }

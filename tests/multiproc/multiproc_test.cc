@@ -44,6 +44,7 @@ Proc start(const std::vector<std::string>& argv, const Env& env) {
   int fd = mkstemp(tmpl);
   pid_t pid = fork();
   if (pid == 0) {
+    setpgid(0, 0);  // its own process group, so that finish() can stop what it started too
     dup2(fd, 1);
     dup2(fd, 2);
     for (const char* v :
@@ -61,7 +62,7 @@ Proc start(const std::vector<std::string>& argv, const Env& env) {
   return Proc{pid, tmpl};
 }
 
-// Waits at most `limit` seconds; kills the process on expiry. Returns the exit code (128+sig).
+// Waits at most `limit` seconds; kills the process (and its process group) on expiry. Returns the exit code (128+sig).
 int finish(const Proc& p, int limit, std::string* output) {
   int status = 0;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit);
@@ -69,6 +70,7 @@ int finish(const Proc& p, int limit, std::string* output) {
     pid_t r = waitpid(p.pid, &status, WNOHANG);
     if (r == p.pid) break;
     if (std::chrono::steady_clock::now() > deadline) {
+      kill(-p.pid, SIGKILL);  // with the ranks a launcher started
       kill(p.pid, SIGKILL);
       waitpid(p.pid, &status, 0);
       ADD_FAILURE() << "process did not finish within " << limit << " s";
@@ -302,6 +304,51 @@ TEST(Loomrun, CtrlCStopsEveryRank) {
   EXPECT_NE(out.find("interrupted"), std::string::npos) << out;
 }
 
+namespace {
+
+int countOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Whether `pid` still runs (not gone, not a zombie awaiting its reaper).
+bool running(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(f, stat)) return false;
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
+}  // namespace
+
+// loomrun killed outright (SIGKILL, the OOM killer) cannot stop its ranks itself: they must not
+// live on without it.
+TEST(Loomrun, RanksDoNotOutliveAKilledLoomrun) {
+  Proc p = start({path("LOOMRUN"), "-n", "2", path("LOOM_TEST_WORKER"), "sleep"}, {});
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 200 && ranks.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream f(p.outFile);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (countOf(ss.str(), "sleeping") < 2) continue;
+    FILE* list = popen(("pgrep -P " + std::to_string(p.pid)).c_str(), "r");
+    char line[32];
+    while (list != nullptr && std::fgets(line, sizeof line, list) != nullptr) ranks.push_back(std::atoi(line));
+    if (list != nullptr) pclose(list);
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  kill(p.pid, SIGKILL);
+  finish(p, 10, nullptr);
+  for (pid_t r : ranks) {
+    for (int i = 0; i < 100 && running(r); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(running(r)) << "rank process " << r << " outlived loomrun";
+    kill(r, SIGKILL);  // (should it have)
+  }
+}
+
 // With no more ranks than CPUs, each rank runs on its own block of them (as mpirun binds);
 // --bind none, or more ranks than CPUs, leaves every rank with all of them.
 TEST(Loomrun, BindsEachRankToItsOwnCpus) {
@@ -435,12 +482,6 @@ TEST(RealLaunchers, OpenMpiMpirun) {
 // ---- The data-parallel example (examples/ddp_linear_regression.cc). ----
 
 namespace {
-
-int countOf(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 // Checks a run of the DDP example: the loss printed by rank 0 only, once per epoch, falling; the
 // checkpoint written once, by rank 0; the same weights checksum on every one of n ranks. Returns
@@ -650,6 +691,26 @@ TEST(Faults, HangIsExplainedOnDemandAndAtTheDeadline) {
   EXPECT_GE(countOf(out, "hang report for all_reduce #1 of 1024 float32 (sum)"), 3 + 1) << out;
   EXPECT_NE(out.find("timed out after 14"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 2 did not answer"), std::string::npos) << out;
+}
+
+// A waiter polls for a budget of its own CPU time before it sleeps; however long that budget, it
+// still looks at its deadline and answers the others' dump requests: a rank that never calls is
+// named at the deadline by every waiting rank, and the waiting ranks are seen waiting.
+TEST(Faults, ALongSpinBudgetStillMeetsTheDeadline) {
+  const auto startedAt = std::chrono::steady_clock::now();
+  Proc job = start({path("LOOMRUN"), "-n", "4", path("LOOM_TEST_WORKER"), "hang"},
+                   {{"HANG_RANK", "2"},
+                    {"LOOM_TRANSPORT", "tcp"},  // (its waits are the ones that poll a connection)
+                    {"LOOM_TIMEOUT", "3"},
+                    {"LOOM_SPIN_WAIT_US", "600000000"},
+                    {"LOOM_CROWDED_SPIN_WAIT_US", "600000000"}});
+  std::string out;
+  EXPECT_NE(finish(job, 60, &out), 0);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - startedAt).count();
+  EXPECT_LT(secs, 30.0) << out;
+  EXPECT_NE(out.find("timed out after 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 2 did not answer"), std::string::npos) << out;
+  EXPECT_NE(out.find("are waiting in it since"), std::string::npos) << out;
 }
 
 // The recovery example: rank 2 dies at step 3; the others shrink the communicator and finish the
