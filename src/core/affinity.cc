@@ -50,7 +50,7 @@ std::vector<int> plannedCpus() {
       if (CPU_ISSET(c, &set)) mine.push_back(c);
     const long online = sysconf(_SC_NPROCESSORS_ONLN);
     if (online > 0 && static_cast<long>(mine.size()) >= online) return;  // unbound: leave it so
-    const HostTopology topo = discoverTopology();
+    const HostTopology topo = discoverTopology(/*devices=*/false);
     cpus = planProgressCpus(mine, topo);
     if (!cpus.empty()) {
       LOOM_INFO("progress threads on CPUs %s: the NUMA node(s) of this rank's CPUs %s", cpuListText(cpus).c_str(),
@@ -75,6 +75,8 @@ std::vector<int> planProgressCpus(const std::vector<int>& callerCpus, const Host
   if (out.empty() || out == all) return {};
   return std::vector<int>(out.begin(), out.end());
 }
+
+void planProgressBinding() { (void)plannedCpus(); }
 
 void bindProgressThread() {
   const std::vector<int> cpus = plannedCpus();

@@ -16,6 +16,11 @@ namespace loom {
 /// node holding one of them; empty (no binding) when that is every CPU of the machine.
 std::vector<int> planProgressCpus(const std::vector<int>& callerCpus, const HostTopology& topo);
 
+/// Makes the plan bindProgressThread follows, on the calling thread: called where a progress
+/// thread is created, so that the topology is read before the thread runs (the new thread shares
+/// the rank's own CPU until it binds itself, and the rank's first collectives would wait for it).
+void planProgressBinding();
+
 /// Binds the calling progress thread as planned from its own (inherited) affinity, the machine's
 /// topology and LOOM_PROGRESS_CPUS. The plan is made once per process and logged at INFO.
 /// Never fails: a binding the kernel refuses is logged and skipped.

@@ -21,6 +21,7 @@ ProgressEngine::ProgressEngine(int rank) : rank_(rank) {
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the wake-up fd
   epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev);
+  planProgressBinding();
   thread_ = std::thread([this] { run(); });
 }
 

@@ -198,8 +198,9 @@ void Request::runCallbacks(std::unique_lock<std::mutex>& lock) noexcept {
 bool Request::waitUntil(Clock::time_point deadline) {
   if (done()) return true;
   // First drive the peer's connection from this thread (no wake-up of a progress thread on the
-  // path), for as long as bytes keep moving; after LOOM_SPIN_WAIT_US without progress, sleep and
-  // leave the rest to the progress threads.
+  // path), for as long as bytes keep moving; after LOOM_SPIN_WAIT_US (LOOM_CROWDED_SPIN_WAIT_US with
+  // more ranks than cores) of its own CPU time without progress, sleep and leave the rest to the
+  // progress threads.
   const bool crowded = pauseSpinsBeforeYield().load(std::memory_order_relaxed) <= kPauseSpinsCrowded;
   const auto budget = spinBudget(crowded);
   // With more ranks than cores, a large transfer is not worth a core: spinning on it takes the CPU

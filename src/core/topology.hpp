@@ -64,11 +64,13 @@ struct HostTopology {
 /// devices/system/cpu, class/net, bus/pci/devices.
 HostTopology parseSysfs(const std::string& root);
 /// Reads the layout through hwloc: this machine (xmlPath empty) or a recorded hwloc XML export.
-/// Returns false with the reason when hwloc is not built in or cannot read it.
-bool loadHwloc(const std::string& xmlPath, HostTopology* out, std::string* why);
+/// Returns false with the reason when hwloc is not built in or cannot read it. Without `devices`,
+/// CPUs and NUMA nodes only: finding the PCI devices reads their configuration space, which takes
+/// milliseconds on a virtual machine, with interrupts off on the CPU that reads it.
+bool loadHwloc(const std::string& xmlPath, HostTopology* out, std::string* why, bool devices = true);
 /// This machine's topology: hwloc when built with it, else /sys (LOOM_TOPO: hwloc, sysfs, or an
-/// XML file).
-HostTopology discoverTopology();
+/// XML file). Without `devices`, HostTopology::devices stays empty (see loadHwloc).
+HostTopology discoverTopology(bool devices = true);
 /// Several lines for loom-info.
 std::string describeTopology(const HostTopology& t);
 /// Parses a Linux CPU list ("0-3,8,10-11").

@@ -46,7 +46,7 @@ std::string busId(hwloc_obj_t pci) {
 
 }  // namespace
 
-bool loadHwloc(const std::string& xmlPath, HostTopology* out, std::string* why) {
+bool loadHwloc(const std::string& xmlPath, HostTopology* out, std::string* why, bool devices) {
 #if LOOM_HAVE_HWLOC
   hwloc_topology_t topo;
   if (hwloc_topology_init(&topo) != 0) {
@@ -61,7 +61,7 @@ bool loadHwloc(const std::string& xmlPath, HostTopology* out, std::string* why) 
     *why = strFormat("hwloc cannot read %s: %s", xmlPath.c_str(), errnoText(errno).c_str());
     return false;
   }
-  hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  hwloc_topology_set_io_types_filter(topo, devices ? HWLOC_TYPE_FILTER_KEEP_IMPORTANT : HWLOC_TYPE_FILTER_KEEP_NONE);
   if (hwloc_topology_load(topo) != 0) {
     *why = strFormat("hwloc_topology_load failed: %s", errnoText(errno).c_str());
     return false;
@@ -105,17 +105,18 @@ bool loadHwloc(const std::string& xmlPath, HostTopology* out, std::string* why) 
 #else
   (void)xmlPath;
   (void)out;
+  (void)devices;
   *why = "Loom was built without hwloc (Meson feature hwloc; apt-get install libhwloc-dev)";
   return false;
 #endif
 }
 
-HostTopology discoverTopology() {
+HostTopology discoverTopology(bool devices) {
   const std::string how = topoParam();
   if (how == "sysfs") return parseSysfs("/sys");
   HostTopology t;
   std::string why;
-  if (loadHwloc(how == "hwloc" ? "" : how, &t, &why)) return t;
+  if (loadHwloc(how == "hwloc" ? "" : how, &t, &why, devices)) return t;
   t = parseSysfs("/sys");
   if (!how.empty() || LOOM_HAVE_HWLOC) t.source += " (hwloc: " + why + ")";
   return t;

@@ -194,6 +194,32 @@ TEST(TopologyHwloc, ThisMachineAgreesWithSysfs) {
   EXPECT_EQ(h.numa.size(), s.numa.size());
 }
 
+// The progress-thread binding needs CPUs and NUMA nodes only: read without the PCI devices (whose
+// configuration space costs milliseconds to read on a virtual machine), the same layout, no devices.
+TEST(TopologyHwloc, WithoutDevicesTheSameCpusAndNodes) {
+  const char* dir = std::getenv("LOOM_TEST_DATA");
+  ASSERT_NE(dir, nullptr) << "LOOM_TEST_DATA (set by meson test) names tests/unit/data";
+  loom::HostTopology full, cpusOnly;
+  std::string why;
+  if (!loom::loadHwloc(std::string(dir) + "/two_socket_8gpu.xml", &full, &why)) {
+    if (why.find("built without hwloc") != std::string::npos) GTEST_SKIP() << why;
+    FAIL() << why;
+  }
+  ASSERT_TRUE(loom::loadHwloc(std::string(dir) + "/two_socket_8gpu.xml", &cpusOnly, &why, /*devices=*/false)) << why;
+  EXPECT_FALSE(full.devices.empty());
+  EXPECT_TRUE(cpusOnly.devices.empty());
+  EXPECT_EQ(cpusOnly.cpus, full.cpus);
+  EXPECT_EQ(cpusOnly.cores, full.cores);
+  ASSERT_EQ(cpusOnly.numa.size(), full.numa.size());
+  for (size_t i = 0; i < full.numa.size(); ++i) EXPECT_EQ(cpusOnly.numa[i].cpus, full.numa[i].cpus);
+  // And this machine, as the binding reads it.
+  loom::HostTopology here;
+  if (loom::loadHwloc("", &here, &why, /*devices=*/false)) {
+    EXPECT_TRUE(here.devices.empty());
+    EXPECT_EQ(here.cpus, loom::parseSysfs("/sys").cpus);
+  }
+}
+
 TEST(TopologyHwloc, AnUnreadableFileFallsBackToSysfsAndSaysWhy) {
   loom::HostTopology t;
   std::string why;

@@ -19,6 +19,7 @@ LOOM_PARAM_INT(livenessMsParam, "LOOM_SHM_LIVENESS_MS", 100,
 
 void ShmEngine::start() {
   std::atomic<int> started{0};
+  planProgressBinding();
   thread_ = std::thread([this, &started] { run(&started); });
   while (started.load() == 0) std::this_thread::yield();
 }
