@@ -162,16 +162,14 @@ int printDump(int pid, int comm) {
       std::make_shared<loom::TcpStoreClient>(info.masterAddr, info.masterPort, loom::deriveJobKey(info.jobKeySeed), -1,
                                              loom::Deadline(std::chrono::seconds(10)), std::chrono::seconds(10));
   loom::PrefixStore store("env-" + std::to_string(comm), base);
-  const int64_t request = store.add("dump/request", 1);
+  const int64_t request = store.add(loom::kDumpRequestKey, 1);
   std::map<int, std::vector<loom::FlightEntry>> records;
   for (int tries = 0; tries < 30 && static_cast<int>(records.size()) < info.size; ++tries) {
     for (int r = 0; r < info.size; ++r) {
       if (records.count(r) != 0) continue;
-      if (auto v = store.tryGet("flight/" + std::to_string(r))) {
-        const std::string text(v->begin(), v->end());
-        const size_t nl = text.find('\n');
-        if (nl != std::string::npos && std::atoll(text.substr(0, nl).c_str()) >= request)
-          records[r] = loom::parseFlight(text.substr(nl + 1));
+      if (auto v = store.tryGet(loom::flightKey(r))) {
+        if (auto entries = loom::readPublishedFlight(std::string(v->begin(), v->end()), request))
+          records[r] = std::move(*entries);
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

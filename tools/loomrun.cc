@@ -281,13 +281,13 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   const auto binding = planBinding(o.bind, o.nproc);
+  const pid_t self = getpid();  // the ranks' parent, for their check that it still lives
   std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
   for (int l = 0; l < o.nproc; ++l) {
     Rank& r = ranks[static_cast<size_t>(l)];
     r.rank = o.rankOffset + l;
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return 1;
-    const pid_t self = getpid();
     pid_t pid = fork();
     if (pid < 0) {
       std::perror("loomrun: fork");

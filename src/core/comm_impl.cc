@@ -36,9 +36,6 @@ constexpr std::chrono::milliseconds kStoreNoteLimit(2000);
 constexpr int64_t kFinalRecord = std::numeric_limits<int64_t>::max();
 
 std::string lastWordKey(int rank) { return "left/" + std::to_string(rank); }
-// A rank's flight record in the store: "<the last dump request it answers>\n<record>".
-std::string flightKey(int rank) { return "flight/" + std::to_string(rank); }
-std::string flightText(int64_t answers, const std::string& record) { return std::to_string(answers) + "\n" + record; }
 
 std::string hostName() {
   char buf[256] = {0};
@@ -279,7 +276,7 @@ void CommImpl::leaveRecord() noexcept {
   if (size_ == 1) return;
   try {
     std::lock_guard<std::mutex> lock(dumpMu_);
-    const std::string text = flightText(kFinalRecord, flight_.serialize());
+    const std::string text = publishedFlight(kFinalRecord, flight_.serialize());
     if (access_.store->setBounded(flightKey(rank_), Bytes(text.begin(), text.end()), kStoreNoteLimit))
       answeredDump_ = kFinalRecord;
   } catch (...) {
@@ -597,17 +594,17 @@ std::string CommImpl::dumpText() {
 
 void CommImpl::answerDumpRequests() {
   // Requests are numbered by the store's counter; a record answers every request up to its number.
-  const int64_t wanted = access_.store->add("dump/request", 0);
+  const int64_t wanted = access_.store->add(kDumpRequestKey, 0);
   std::lock_guard<std::mutex> lock(dumpMu_);
   if (wanted <= answeredDump_) return;
-  access_.store->setString(flightKey(rank_), flightText(wanted, flight_.serialize()));
+  access_.store->setString(flightKey(rank_), publishedFlight(wanted, flight_.serialize()));
   answeredDump_ = wanted;
 }
 
 std::string CommImpl::hangReport(int64_t seq, std::chrono::milliseconds waitFor) {
   // Ask every rank for its record (sleeping waiters look about once a second, and ranks that are
   // asking too answer here), then take what has come when the time is up.
-  const int64_t request = access_.store->add("dump/request", 1);
+  const int64_t request = access_.store->add(kDumpRequestKey, 1);
   std::map<int, std::vector<FlightEntry>> records;
   std::string cut;
   const Deadline deadline(waitFor);
@@ -617,11 +614,8 @@ std::string CommImpl::hangReport(int64_t seq, std::chrono::milliseconds waitFor)
       for (int r = 0; r < size_; ++r) {
         if (records.count(r) != 0) continue;
         if (auto v = access_.store->tryGet(flightKey(r))) {
-          // Only answers to this request or a later one: an older record may be stale.
-          const std::string text(v->begin(), v->end());
-          const size_t nl = text.find('\n');
-          if (nl != std::string::npos && std::atoll(text.substr(0, nl).c_str()) >= request)
-            records[r] = parseFlight(text.substr(nl + 1));
+          if (auto entries = readPublishedFlight(std::string(v->begin(), v->end()), request))
+            records[r] = std::move(*entries);
         }
       }
     } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <sstream>
 
@@ -142,6 +143,21 @@ std::vector<FlightEntry> parseFlight(const std::string& text) {
     out.push_back(e);
   }
   return out;
+}
+
+std::string flightKey(int rank) { return "flight/" + std::to_string(rank); }
+
+std::string publishedFlight(int64_t answers, const std::string& record) {
+  return std::to_string(answers) + "\n" + record;
+}
+
+std::optional<std::vector<FlightEntry>> readPublishedFlight(const std::string& text, int64_t request) {
+  const size_t nl = text.find('\n');
+  if (nl == std::string::npos || nl == 0) return std::nullopt;
+  char* end = nullptr;
+  const long long answers = std::strtoll(text.c_str(), &end, 10);
+  if (end != text.c_str() + nl || answers < request) return std::nullopt;
+  return parseFlight(text.substr(nl + 1));
 }
 
 std::string rankList(const std::vector<int>& ranks) {

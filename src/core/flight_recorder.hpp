@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,24 @@ class FlightRecorder {
 };
 
 std::vector<FlightEntry> parseFlight(const std::string& text);
+
+// Publishing records through the rendezvous store. Whoever wants the records (a rank that timed
+// out, `loom-info --dump`) adds 1 to the counter at kDumpRequestKey; each rank answers by setting
+// flightKey(rank) to publishedFlight(n, record), n being the counter it saw: an answer to request
+// n answers every request up to n.
+
+/// The store counter of dump requests.
+inline constexpr const char* kDumpRequestKey = "dump/request";
+
+/// The store key of a rank's published record: "flight/<rank>".
+std::string flightKey(int rank);
+
+/// A record as published: "<the last request it answers>\n<serialize()'s text>".
+std::string publishedFlight(int64_t answers, const std::string& record);
+
+/// The entries of a published record if it answers request `request` (or a later one), else
+/// nothing: an older answer may be stale.
+std::optional<std::vector<FlightEntry>> readPublishedFlight(const std::string& text, int64_t request);
 
 /// The report for collective `seq` from each answering rank's record (ranks missing from
 /// `byRank` did not answer), e.g.

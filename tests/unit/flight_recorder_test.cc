@@ -106,3 +106,22 @@ TEST(FlightRecorder, FormatShowsTheLastEntriesWithTheirState) {
   EXPECT_EQ(last.find("#0"), std::string::npos) << last;
   EXPECT_NE(last.find("rd"), std::string::npos) << last;
 }
+
+TEST(FlightRecorder, PublishedRecordsAnswerTheirRequestAndLaterOnes) {
+  loom::FlightRecorder f;
+  f.queued(7, 0);
+  f.running(7, 0, "ring");
+  const std::string text = loom::publishedFlight(3, f.serialize());
+  EXPECT_EQ(loom::flightKey(5), "flight/5");
+  auto read = loom::readPublishedFlight(text, 3);
+  ASSERT_TRUE(read.has_value());
+  ASSERT_EQ(read->size(), 1u);
+  EXPECT_EQ((*read)[0].seq, 7);
+  EXPECT_EQ((*read)[0].algo, "ring");
+  EXPECT_TRUE(loom::readPublishedFlight(text, 1).has_value());   // answers the earlier requests too
+  EXPECT_FALSE(loom::readPublishedFlight(text, 4).has_value());  // stale for a later request
+  EXPECT_FALSE(loom::readPublishedFlight("3", 1).has_value());   // no record after the number
+  EXPECT_FALSE(loom::readPublishedFlight("x3\n", 0).has_value());
+  EXPECT_FALSE(loom::readPublishedFlight("\n7 0 running ring 1 -1\n", 0).has_value());
+  EXPECT_FALSE(loom::readPublishedFlight("\nx\n", 0).has_value());
+}
