@@ -58,6 +58,10 @@ RequestPtr Context::send(int peer, const void* p, size_t bytes, int channel) {
 }
 
 RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel) {
+  return recv(peer, p, bytes, channel, nullptr);
+}
+
+RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel, std::shared_ptr<ReceiveConsumer> consumer) {
   peer = global(peer);
   channel += channelBase_;
   detail::Label l;
@@ -66,7 +70,7 @@ RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel) {
   l.seq = seq_;
   l.channel = channel;
   l.bytes = bytes;
-  auto r = comm_.postRecv(peer, p, bytes, detail::collectiveTag(seq_, channel), l, sig_);
+  auto r = comm_.postRecv(peer, p, bytes, detail::collectiveTag(seq_, channel), l, sig_, std::move(consumer));
   r->expectBytes = bytes;
   return r;
 }
@@ -110,6 +114,8 @@ void Context::wait(const RequestPtr& r) {
     comm_.failureState()->fail(s);
     throw s.toError(comm_.rank());
   }
+  if (r->consumer && !r->consumed && r->bytes() > 0)
+    r->consumer->consume(static_cast<const uint8_t*>(r->consumerBuffer), 0, r->bytes());
 }
 
 size_t ringChunkBytes() {

@@ -64,9 +64,15 @@ class Context {
   /// Messages of this collective on `channel` (0 to kMaxChannels-1): each channel has its own tag.
   RequestPtr send(int peer, const void* p, size_t bytes, int channel = 0);
   RequestPtr recv(int peer, void* p, size_t bytes, int channel = 0);
+  /// A receive whose bytes `consumer` takes as they land (core/receive_consumer.hpp): over a link
+  /// that hands them on, `p` is never written; over others they land in `p`, and wait() hands `p`
+  /// to the consumer once the receive is complete. Either way the consumer has had every byte when
+  /// wait() returns.
+  RequestPtr recv(int peer, void* p, size_t bytes, int channel, std::shared_ptr<ReceiveConsumer> consumer);
   /// Waits for a request of this collective (the communicator's timeout applies). A receive that
   /// got fewer bytes than the algorithm expects means the ranks called mismatched collectives:
-  /// that fails the communicator with a message naming the collective and the peer.
+  /// that fails the communicator with a message naming the collective and the peer. A receive with
+  /// a consumer that its link did not hand the bytes to hands them on here.
   void wait(const RequestPtr& r);
   void waitAll(std::vector<RequestPtr>& rs) {
     for (auto& r : rs) wait(r);

@@ -8,6 +8,7 @@
 // the next step sends is reduced first and leaves at once; the all-gather sends what it already
 // holds at once and forwards the rest chunk by chunk as it arrives (planHalvingDoubling).
 #include "collectives/context.hpp"
+#include "collectives/reduce_on_arrival.hpp"
 #include "kernels/reduce.hpp"
 
 namespace loom {
@@ -30,28 +31,31 @@ void allReduceHalvingDoubling(Context& c, const Args& a) {
   // This rank's running value: its input until the first reduction writes `out`.
   const uint8_t* cur = cbytes(a.send);
   if (plan.foldFrom >= 0) {
-    // 1. Take the even neighbour's data and reduce it into out, chunk by chunk as it lands.
+    // 1. Take the even neighbour's data, reduced into out as it lands (ReduceOnArrival).
     uint8_t* folded = c.scratch(S, 2);
-    for (const auto& ch : whole) recvs.push_back(c.recv(plan.foldFrom, folded + ch.offset * E, ch.count * E));
-    for (size_t j = 0; j < whole.size(); ++j) {
-      c.wait(recvs[j]);
-      kernels::reduce(out + whole[j].offset * E, cur + whole[j].offset * E, folded + whole[j].offset * E,
-                      whole[j].count, a.type, a.op);
-    }
-    recvs.clear();
+    for (const auto& ch : whole)
+      recvs.push_back(c.recv(plan.foldFrom, folded + ch.offset * E, ch.count * E, 0,
+                             ReduceOnArrival::make(out + ch.offset * E, cur + ch.offset * E, a.type, a.op, E)));
+    c.waitAll(recvs);
     cur = out;
   }
   const auto& steps = plan.steps;
   const size_t K = steps.size();
   // 2. Reduce-scatter by recursive halving. Staging holds one step's incoming half; two slots, so
-  // that the next step's receives are posted before this step's reductions.
+  // that the next step's receives are posted before this step's reductions. The first step's
+  // chunks are reduced as they land (ReduceOnArrival: its local operand is final from the start);
+  // a later step's local operand is still being reduced when its receives are posted.
   const size_t stagingBytes = K > 0 ? steps[0].keep.count * E : 0;
   uint8_t* staging[2] = {c.scratch(stagingBytes, 0), c.scratch(stagingBytes, 1)};
   std::vector<RequestPtr> rs[2];
   auto postRecvs = [&](size_t k) {
-    for (const auto& ch : steps[k].rsRecv)
-      rs[k % 2].push_back(
-          c.recv(steps[k].partner, staging[k % 2] + (ch.offset - steps[k].keep.offset) * E, ch.count * E));
+    for (const auto& ch : steps[k].rsRecv) {
+      uint8_t* land = staging[k % 2] + (ch.offset - steps[k].keep.offset) * E;
+      rs[k % 2].push_back(k == 0
+                              ? c.recv(steps[k].partner, land, ch.count * E, 0,
+                                       ReduceOnArrival::make(out + ch.offset * E, cur + ch.offset * E, a.type, a.op, E))
+                              : c.recv(steps[k].partner, land, ch.count * E));
+    }
   };
   auto postSends = [&](size_t k, const uint8_t* from) {
     for (const auto& ch : steps[k].rsSend)
@@ -67,8 +71,9 @@ void allReduceHalvingDoubling(Context& c, const Args& a) {
     for (size_t j = 0; j < s.rsRecv.size(); ++j) {
       const Segment& ch = s.rsRecv[j];
       c.wait(rs[k % 2][j]);
-      kernels::reduce(out + ch.offset * E, cur + ch.offset * E, staging[k % 2] + (ch.offset - s.keep.offset) * E,
-                      ch.count, a.type, a.op);
+      if (k > 0)
+        kernels::reduce(out + ch.offset * E, cur + ch.offset * E, staging[k % 2] + (ch.offset - s.keep.offset) * E,
+                        ch.count, a.type, a.op);
       if (k + 1 < K && j + 1 == s.rsEarly) postSends(k + 1, out);
     }
     rs[k % 2].clear();

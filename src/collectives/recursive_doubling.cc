@@ -2,6 +2,7 @@
 // 1, 2, 4, ...; non-powers of two fold the extra ranks in first and hand them the result last
 // (planRecursiveDoubling). Latency-bound sizes: fewest steps, the whole buffer on every step.
 #include "collectives/context.hpp"
+#include "collectives/reduce_on_arrival.hpp"
 #include "kernels/reduce.hpp"
 
 namespace loom {
@@ -30,18 +31,27 @@ void allReduceRecursiveDoubling(Context& c, const Args& a) {
     c.wait(c.recv(plan.foldTo, out, bytesTotal));
     return;
   }
+  // A receive that combines its data as it lands (ReduceOnArrival), where nothing reads `out`
+  // meanwhile: the fold, and an exchange that sends from the input while out is another buffer.
+  auto combining = [&](int partner) {
+    return c.recv(partner, tmp, bytesTotal, 0, ReduceOnArrival::make(out, cur, a.type, a.op, a.elem, partner < r));
+  };
   if (plan.foldFrom >= 0) {
     // 1. Take the even neighbour's data.
-    c.wait(c.recv(plan.foldFrom, tmp, bytesTotal));
-    combine(plan.foldFrom);
+    c.wait(combining(plan.foldFrom));
+    cur = out;
   }
   // 2. Exchange with a partner at distance 1, 2, 4, ...
   for (int partner : plan.partners) {
-    auto rq = c.recv(partner, tmp, bytesTotal);
+    const bool onArrival = cur != out;
+    auto rq = onArrival ? combining(partner) : c.recv(partner, tmp, bytesTotal);
     auto sq = c.send(partner, cur, bytesTotal);
     c.wait(sq);
     c.wait(rq);
-    combine(partner);
+    if (onArrival)
+      cur = out;
+    else
+      combine(partner);
   }
   copyIfDistinct(out, cur, bytesTotal);  // one rank alone: nothing was combined
   if (a.op == ReduceOp::Avg) kernels::divide(out, a.count, a.type, c.size());

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "collectives/context.hpp"
+#include "collectives/reduce_on_arrival.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 
@@ -66,7 +67,10 @@ std::vector<Lane> lanesOverBlocks(const Context& c, size_t block, int channels) 
 // segment this rank reduces (work may equal in). Each lane's owned segment ends fully reduced in
 // `work`, or, when finalOut is given, at finalOut + (offset - finalBase). Chunks are pipelined: a
 // chunk is forwarded as soon as it is reduced, and the receives of the next step are posted one
-// step ahead into the other of two staging buffers.
+// step ahead into the other of two staging buffers. Each receive reduces its chunk as it lands
+// (ReduceOnArrival: the operands are this rank's input, final from the start, and a range of the
+// destination nothing else touches until the chunk is forwarded); staging holds the chunk only
+// over links that cannot hand the bytes on.
 void ringReduceScatter(Context& c, const Args& a, const std::vector<Lane>& lanes, const uint8_t* in, uint8_t* work,
                        int shift, uint8_t* finalOut, size_t finalBase) {
   const int n = c.size();
@@ -84,12 +88,17 @@ void ringReduceScatter(Context& c, const Args& a, const std::vector<Lane>& lanes
   auto recvSeg = [&](size_t i, int step) -> const Segment& {
     return lanes[i].segs[static_cast<size_t>(ringRecvSegment(lanes[i].ring.pos, n, step, shift))];
   };
+  // Where a chunk received at `step` ends up reduced.
+  auto dstOf = [&](int step, const Segment& ch) -> uint8_t* {
+    return (step == n - 2 && finalOut != nullptr) ? finalOut + (ch.offset - finalBase) * E : work + ch.offset * E;
+  };
   auto postRecvs = [&](size_t i, int step) {
     const Segment& seg = recvSeg(i, step);
     uint8_t* base = staging[step % 2] + stagingAt[i];
     for (const auto& ch : planChunks(seg, chunk))
-      recvs[step % 2][i].push_back(
-          c.recv(lanes[i].ring.prev, base + (ch.offset - seg.offset) * E, ch.count * E, lanes[i].channel));
+      recvs[step % 2][i].push_back(c.recv(lanes[i].ring.prev, base + (ch.offset - seg.offset) * E, ch.count * E,
+                                          lanes[i].channel,
+                                          ReduceOnArrival::make(dstOf(step, ch), in + ch.offset * E, a.type, a.op, E)));
   };
   // 1. Step 0 sends this rank's own input for its first segment, on every lane.
   for (size_t i = 0; i < L; ++i) {
@@ -108,17 +117,13 @@ void ringReduceScatter(Context& c, const Args& a, const std::vector<Lane>& lanes
       most = std::max(most, chunks[i].size());
     }
     const bool last = step == n - 2;
-    // 3. Reduce each chunk as it lands, then forward it at once; the lanes take turns.
+    // 3. Forward each chunk once it has landed, reduced; the lanes take turns.
     for (size_t k = 0; k < most; ++k)
       for (size_t i = 0; i < L; ++i) {
         if (k >= chunks[i].size()) continue;
-        const Segment& seg = recvSeg(i, step);
         const Segment& ch = chunks[i][k];
         c.wait(recvs[step % 2][i][k]);
-        uint8_t* dst = (last && finalOut != nullptr) ? finalOut + (ch.offset - finalBase) * E : work + ch.offset * E;
-        kernels::reduce(dst, in + ch.offset * E, staging[step % 2] + stagingAt[i] + (ch.offset - seg.offset) * E,
-                        ch.count, a.type, a.op);
-        if (!last) sends.push_back(c.send(lanes[i].ring.next, dst, ch.count * E, lanes[i].channel));
+        if (!last) sends.push_back(c.send(lanes[i].ring.next, dstOf(step, ch), ch.count * E, lanes[i].channel));
       }
     for (auto& q : recvs[step % 2]) q.clear();
   }

@@ -405,9 +405,12 @@ RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t 
   return req;
 }
 
-RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig) {
+RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig,
+                              std::shared_ptr<ReceiveConsumer> consumer) {
   auto req = std::make_shared<Request>(rank_, peer, label, timeout_, failure_, progress_);
   req->signature = sig;
+  req->consumer = std::move(consumer);
+  req->consumerBuffer = buf;
   conns_[static_cast<size_t>(peer)]->irecv(req, buf, bytes, tag);
   return req;
 }

@@ -88,7 +88,9 @@ class CommImpl : public Progressable {
   RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what);
   RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what);
   RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig = 0);
-  RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig = 0);
+  /// `consumer` (may be null) takes the bytes as they land (core/receive_consumer.hpp).
+  RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig = 0,
+                      std::shared_ptr<ReceiveConsumer> consumer = nullptr);
 
   /// Scratch memory for collectives, `slot` 0 to kScratchSlots-1. Only collectives use it, and they
   /// run one at a time on the op queue, so no lock is needed. Grows, never shrinks.

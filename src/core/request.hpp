@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/deadline.hpp"
+#include "core/receive_consumer.hpp"
 #include "core/status.hpp"
 
 namespace loom {
@@ -216,6 +217,14 @@ class Request {
   /// The collective call this message belongs to (core/signature.hpp), or 0: a transport fails a
   /// receive whose matching message carries another. Set before the request is posted.
   uint64_t signature = 0;
+  /// For receives: takes the bytes as they land (core/receive_consumer.hpp), or null. Set before
+  /// the request is posted.
+  std::shared_ptr<ReceiveConsumer> consumer;
+  /// The receive's buffer, where the bytes are when the transport did not hand them to `consumer`.
+  const void* consumerBuffer = nullptr;
+  /// Set by a transport that handed every byte to `consumer` (and wrote none to the buffer), before
+  /// it completes the request; read by the waiter once done() (whose acquire orders it).
+  bool consumed = false;
 
  private:
   void throwIfFailed();

@@ -20,6 +20,8 @@ namespace loom {
 namespace tcp {
 namespace {
 
+// A stream's own read buffer. It is also where the payloads of receives with a consumer land
+// (core/receive_consumer.hpp), a run at a time, so it should stay in a core's L2 cache.
 constexpr size_t kInBufBytes = 256 * 1024;
 // Payloads at least this large are read straight into their destination, not through inbuf.
 constexpr size_t kDirectReadBytes = 32 * 1024;
@@ -50,6 +52,15 @@ constexpr size_t kUnlimited = SIZE_MAX;
 constexpr size_t kRecentSends = 256;
 // Spare buffers kept per connection for unexpected messages.
 constexpr size_t kPoolBytes = 8u << 20;
+// The slices of a striped message start at multiples of this (every element size divides it), so
+// that a receive's consumer gets whole elements from every stream.
+constexpr size_t kSliceAlignBytes = 64;
+
+// Whether a DATA frame's slice of a message of `bytes` starts at a whole element of `granule`
+// bytes and ends at one, or at the message's end.
+bool sliceWhole(const FrameHeader& h, uint64_t bytes, size_t granule) {
+  return h.a % granule == 0 && ((h.a + h.b) % granule == 0 || h.a + h.b == bytes);
+}
 
 }  // namespace
 
@@ -100,6 +111,10 @@ struct TcpConnection::Stream {
   std::shared_ptr<RecvOp> op;
   std::shared_ptr<Unexpected> ux;
   std::string bye;  // a BYE's reason, arriving
+  // The payload's receive takes its bytes as they land (Request::consumer; `op` holds it): they are
+  // read into `in` and handed on from there, never written to `target`.
+  ReceiveConsumer* consumer = nullptr;
+  size_t consumeAt = 0;  // the message offset of the payload's next byte
 };
 
 TcpConnection::TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine,
@@ -330,7 +345,8 @@ void TcpConnection::giveBackLocked(Buffer b) {
 
 void TcpConnection::enqueueDataLocked(const std::shared_ptr<SendOp>& op) {
   const size_t nstreams = stripesFor(op->bytes);
-  const size_t slice = (op->bytes + nstreams - 1) / nstreams;
+  const size_t even = (op->bytes + nstreams - 1) / nstreams;
+  const size_t slice = (even + kSliceAlignBytes - 1) / kSliceAlignBytes * kSliceAlignBytes;
   op->framesLeft = static_cast<int>((op->bytes + slice - 1) / slice);
   for (size_t i = 0, off = 0; off < op->bytes; ++i, off += slice) {
     FrameHeader d;
@@ -583,6 +599,7 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
         s.sink = Sink::Direct;
         s.target = op->buf;
         s.op = op;
+        consumeIntoLocked(s, *op, 0);
       } else if (op) {
         op->req->fail(truncation(h.a, *op));
         s.sink = Sink::Discard;
@@ -666,6 +683,9 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       // A refused PUSH (its receive failed) has no buffer: its bytes are read and dropped.
       s.target = op.buf != nullptr ? op.buf + h.a : nullptr;
       s.op = it->second;
+      consumeIntoLocked(s, op, h.a);
+      if (s.consumer != nullptr && !sliceWhole(h, op.bytes, s.consumer->granule()))
+        return malformed("a slice of a message that does not start and end at whole elements");
       return Status::success();
     }
   }
@@ -676,6 +696,7 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
   s.inPayload = false;
   switch (s.sink) {
     case Sink::Direct:
+      if (s.consumer != nullptr) s.op->req->consumed = true;
       s.op->req->complete(s.op->bytes);
       break;
     case Sink::Bye: {
@@ -697,6 +718,8 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
     case Sink::Data:
       s.op->received += s.payloadLen;
       if (s.op->received == s.op->bytes) {
+        // Every slice of a receive with a consumer went to it (consumeIntoLocked decides per receive).
+        if (s.op->req && s.consumer != nullptr) s.op->req->consumed = true;
         if (s.op->req) s.op->req->complete(s.op->bytes);
         if (s.op->ux) {
           s.op->ux->complete = true;
@@ -712,7 +735,17 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
   s.op.reset();
   s.ux.reset();
   s.target = nullptr;
+  s.consumer = nullptr;
   return Status::success();
+}
+
+void TcpConnection::consumeIntoLocked(Stream& s, const RecvOp& op, size_t offset) {
+  // A receive matched as its message arrives: its bytes can go to its consumer. One that took its
+  // message from the unexpected queue (op.ux, or no request) was copied already; the waiter hands
+  // its buffer on then.
+  const bool takes = options_.consume && op.req && op.req->consumer && !op.ux && op.buf != nullptr;
+  s.consumer = takes ? op.req->consumer.get() : nullptr;
+  s.consumeAt = offset;
 }
 
 Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
@@ -760,17 +793,39 @@ Status TcpConnection::readSome(Stream& s, std::unique_lock<std::mutex>& lock) {
       }
     } else if (s.wpos > s.rpos) {
       size_t take = std::min(s.wpos - s.rpos, s.remaining);
-      if (s.target != nullptr) {
-        kernels::copy(s.target, s.in.data() + s.rpos, take);
-        s.target += take;
+      // A consumer takes whole elements; the payload's end is whole (sliceWhole).
+      if (s.consumer != nullptr && take < s.remaining) take -= take % s.consumer->granule();
+      if (take > 0) {
+        if (s.consumer != nullptr) {
+          // Handed on unlocked, like a read: `reading` keeps failLocked off this stream's buffer and
+          // receive meanwhile, and other streams' slices of the message go on at once.
+          ReceiveConsumer* consumer = s.consumer;
+          const uint8_t* src = s.in.data() + s.rpos;
+          const size_t at = s.consumeAt;
+          s.reading = true;
+          lock.unlock();
+          consumer->consume(src, at, take);
+          lock.lock();
+          s.reading = false;
+          if (closed_) {
+            abandonReadLocked(s);
+            return Status::success();
+          }
+          s.consumeAt += take;
+          s.target += take;
+        } else if (s.target != nullptr) {
+          kernels::copy(s.target, s.in.data() + s.rpos, take);
+          s.target += take;
+        }
+        s.rpos += take;
+        s.remaining -= take;
+        if (s.remaining == 0) {
+          Status st = finishPayloadLocked(s);
+          if (!st.ok) return st;
+        }
+        continue;
       }
-      s.rpos += take;
-      s.remaining -= take;
-      if (s.remaining == 0) {
-        Status st = finishPayloadLocked(s);
-        if (!st.ok) return st;
-      }
-      continue;
+      // Part of an element: the rest is read below.
     }
     // Nothing usable is buffered: read from the socket, unlocked (if the budget allows; the
     // level-triggered event brings us back for the rest).
@@ -782,12 +837,18 @@ Status TcpConnection::readSome(Stream& s, std::unique_lock<std::mutex>& lock) {
       s.wpos -= s.rpos;
       s.rpos = 0;
     }
-    const bool direct = s.inPayload && s.target != nullptr && s.remaining >= kDirectReadBytes && s.wpos == 0;
+    const bool direct =
+        s.inPayload && s.target != nullptr && s.consumer == nullptr && s.remaining >= kDirectReadBytes && s.wpos == 0;
     uint8_t* dst = direct ? s.target : s.in.data() + s.wpos;
     // Between frames, read a little: enough to batch small frames, not so much that a following
-    // large payload lands in the staging buffer and has to be copied again.
+    // large payload lands in the staging buffer and has to be copied again. A payload for a
+    // consumer is read up to its end only, for the same reason (what is buffered of it is less
+    // than what it still owes, or it would have been handed on above).
     const size_t room = s.in.size() - s.wpos;
-    const size_t len = direct ? s.remaining : (s.inPayload ? room : std::min(room, kHeaderReadBytes));
+    const size_t len = direct                  ? s.remaining
+                       : s.consumer != nullptr ? std::min(room, s.remaining - (s.wpos - s.rpos))
+                       : s.inPayload           ? room
+                                               : std::min(room, kHeaderReadBytes);
     const int fd = s.sock.fd();
     const bool midPayload = s.inPayload;
     s.reading = true;
@@ -1043,6 +1104,7 @@ void TcpConnection::abandonReadLocked(Stream& s) {
   s.ux.reset();
   s.inPayload = false;
   s.target = nullptr;
+  s.consumer = nullptr;
 }
 
 void TcpConnection::abandonWritesLocked(Stream& s) {

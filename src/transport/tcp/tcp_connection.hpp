@@ -11,6 +11,10 @@
 // receive not posted yet costs a copy through the unexpected queue, never correctness. Matching is per
 // tag in arrival order on stream 0, which is send order. Receives that arrive before they are
 // posted are kept ("unexpected": an eager payload is buffered, an RTS only remembered).
+// A receive with a consumer (core/receive_consumer.hpp) that matches its message as it arrives
+// gets the payload through the stream's read buffer instead, a run at a time, each handed to the
+// consumer unlocked while still in cache; slices start at multiples of 64 bytes, so every run is
+// whole elements.
 //
 // Threads: isend/irecv run on the caller's thread and may write to a socket directly (a send on
 // an idle socket then costs no thread hand-off). A thread waiting on one of this connection's
@@ -61,6 +65,7 @@ struct TcpOptions {
   size_t pushBytes = 1024 * 1024;           ///< ... up to this size (0: never)
   bool quickAck = true;                     ///< acknowledge bulk reads at once (see read())
   size_t lowWater = 256 * 1024;             ///< wake the reader of a long payload per this many bytes (0: per packet)
+  bool consume = true;                      ///< hand receives' bytes to their consumers as they are read
 };
 
 class TcpConnection : public Connection {
@@ -162,6 +167,9 @@ class TcpConnection : public Connection {
   void noteUnattendedLocked(const RequestPtr& req);
   Status onHeaderLocked(Stream& s, const FrameHeader& h);
   Status finishPayloadLocked(Stream& s);
+  /// Points the stream's payload at `op`'s consumer, from message offset `offset`, if the receive
+  /// has one and took the message as it arrived (else the bytes go to its buffer as usual).
+  void consumeIntoLocked(Stream& s, const RecvOp& op, size_t offset);
   /// Answers an RTS; a refusal for another call's message carries this rank's signature.
   void sendCtsLocked(uint64_t seq, bool accept, uint64_t refusedFor = 0);
   void enqueueLocked(Stream& s, const FrameHeader& h, const uint8_t* payload, size_t len, std::shared_ptr<SendOp> op);

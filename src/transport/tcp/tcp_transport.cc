@@ -42,6 +42,9 @@ LOOM_PARAM_INT(lowWaterParam, "LOOM_TCP_LOWAT", 256 * 1024,
                "bytes of a long payload a socket gathers before its reader is woken (SO_RCVLOWAT); 0: every packet");
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_EAGER_BYTES", 64 * 1024,
                "largest TCP message sent at once; larger ones wait for the receiver (max 1 MiB)");
+LOOM_PARAM_INT(reduceOnArrivalParam, "LOOM_TCP_REDUCE_ON_ARRIVAL", 1,
+               "1: a collective's reduce steps over TCP reduce each run of bytes as it is read, while in cache "
+               "(core/receive_consumer.hpp); 0: the chunk lands in a staging buffer and is reduced from there");
 
 constexpr char kAcceptorMagic[8] = {'L', 'O', 'O', 'M', 'P', 'E', 'A', '1'};
 constexpr char kConnectorMagic[8] = {'L', 'O', 'O', 'M', 'P', 'E', 'C', '1'};
@@ -465,6 +468,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   options.readsPerEvent = static_cast<int>(std::clamp<int64_t>(readsPerEventParam(), 1, 1 << 20));
   options.quickAck = quickAckParam() != 0;
   options.lowWater = static_cast<size_t>(std::clamp<int64_t>(lowWaterParam(), 0, 16 << 20));
+  options.consume = reduceOnArrivalParam() != 0;
   std::vector<std::unique_ptr<Connection>> out;
   for (int peer : peers) {
     // "via eth0 198.18.0.1 -> 198.18.0.2:41234, eth1 198.18.1.1 -> 198.18.1.2:38001": each
