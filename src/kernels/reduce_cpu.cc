@@ -132,25 +132,27 @@ LOOM_KERNELS_FOR(i64, int64_t, loop)
 LOOM_KERNELS_FOR(u64, uint64_t, loop)
 LOOM_KERNELS_FOR(f16generic, Half, loopHalf)
 
-// float16 with F16C: GCC 12 does not vectorise _Float16 conversions, so these convert eight at a
-// time by hand. Same operand order as the scalar ops (a < b ? b : a), so results match bit for bit.
+// The ops eight floats at a time, for the hand-vectorised half-precision loops below. Same operand
+// order as the scalar ops (a < b ? b : a), so results match bit for bit.
 struct VSum {
-  static __attribute__((target("avx2,f16c"))) __m256 f(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+  static __attribute__((target("avx2"))) __m256 f(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
 };
 struct VProd {
-  static __attribute__((target("avx2,f16c"))) __m256 f(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
+  static __attribute__((target("avx2"))) __m256 f(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
 };
 struct VMax {
-  static __attribute__((target("avx2,f16c"))) __m256 f(__m256 a, __m256 b) {
+  static __attribute__((target("avx2"))) __m256 f(__m256 a, __m256 b) {
     return _mm256_blendv_ps(a, b, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
   }
 };
 struct VMin {
-  static __attribute__((target("avx2,f16c"))) __m256 f(__m256 a, __m256 b) {
+  static __attribute__((target("avx2"))) __m256 f(__m256 a, __m256 b) {
     return _mm256_blendv_ps(a, b, _mm256_cmp_ps(b, a, _CMP_LT_OQ));
   }
 };
 
+// float16 with F16C: GCC 12 does not vectorise _Float16 conversions, so these convert eight at a
+// time by hand.
 template <typename V, typename Op>
 __attribute__((target("avx2,f16c"))) void f16c(void* d, const void* a, const void* b, size_t n) {
   auto* dp = static_cast<uint16_t*>(d);
@@ -165,6 +167,50 @@ __attribute__((target("avx2,f16c"))) void f16c(void* d, const void* a, const voi
   if (i < n)
     loopHalf<Half, Op>(reinterpret_cast<Half*>(dp + i), reinterpret_cast<const Half*>(ap + i),
                        reinterpret_cast<const Half*>(bp + i), n - i);
+}
+
+// bfloat16 with AVX2: GCC 12 vectorises neither the widening nor the rounding (its NaN branch) of
+// loopHalf<Bf16> well (1.9 GB/s for a sum on 64 MiB here, against 4.8 for float32), so these take
+// sixteen at a time by hand, rounding exactly as fromFloat(float, Bf16) does. Widening interleaves
+// zeros below each 16-bit value within 128-bit lanes (elements 0-3 and 8-11 in `lo`, 4-7 and 12-15
+// in `hi`), and narrowing packs them back in that order: no lane crossing either way.
+__attribute__((target("avx2"))) inline __m256i bf16Round(__m256 f) {
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i even = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, even), 16);
+  const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
+}
+
+template <typename V, typename Op>
+__attribute__((target("avx2"))) void bf16avx2(void* d, const void* a, const void* b, size_t n) {
+  auto* dp = static_cast<uint16_t*>(d);
+  auto* ap = static_cast<const uint16_t*>(a);
+  auto* bp = static_cast<const uint16_t*>(b);
+  const __m256i zero = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap + i));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + i));
+    const __m256 lo =
+        V::f(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x)), _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, y)));
+    const __m256 hi =
+        V::f(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, y)));
+    // Every rounded word is <= 0xffff: the unsigned saturation of the pack never bites.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dp + i), _mm256_packus_epi32(bf16Round(lo), bf16Round(hi)));
+  }
+  if (i < n)
+    loopHalf<Bf16, Op>(reinterpret_cast<Bf16*>(dp + i), reinterpret_cast<const Bf16*>(ap + i),
+                       reinterpret_cast<const Bf16*>(bp + i), n - i);
+}
+
+bool haveAvx2() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return yes;
 }
 
 bool haveF16c() {
@@ -187,7 +233,17 @@ LOOM_F16(max, VMax, Max)
 LOOM_F16(min, VMin, Min)
 LOOM_KERNELS_FOR(f32, float, loop)
 LOOM_KERNELS_FOR(f64, double, loop)
-LOOM_KERNELS_FOR(bf16, Bf16, loopHalf)
+LOOM_KERNELS_FOR(bf16generic, Bf16, loopHalf)
+
+#define LOOM_BF16(NAME, V, OP)                                        \
+  void NAME##_bf16(void* d, const void* a, const void* b, size_t n) { \
+    if (haveAvx2()) return bf16avx2<V, OP>(d, a, b, n);               \
+    NAME##_bf16generic(d, a, b, n);                                   \
+  }
+LOOM_BF16(sum, VSum, Sum)
+LOOM_BF16(prod, VProd, Prod)
+LOOM_BF16(max, VMax, Max)
+LOOM_BF16(min, VMin, Min)
 
 using Fn = void (*)(void*, const void*, const void*, size_t);
 // Indexed by DataType, then by ReduceOp (Sum, Prod, Max, Min).
