@@ -222,28 +222,24 @@ bool haveF16c() {
   return yes;
 }
 
-#define LOOM_F16(NAME, V, OP)                                        \
-  void NAME##_f16(void* d, const void* a, const void* b, size_t n) { \
-    if (haveF16c()) return f16c<V, OP>(d, a, b, n);                  \
-    NAME##_f16generic(d, a, b, n);                                   \
+// The half types' entry points: the hand-vectorised loop where the CPU has what it needs, else
+// the generic (target_clones) one.
+#define LOOM_HALF(NAME, TN, HAVE, FAST, V, OP)                        \
+  void NAME##_##TN(void* d, const void* a, const void* b, size_t n) { \
+    if (HAVE()) return FAST<V, OP>(d, a, b, n);                       \
+    NAME##_##TN##generic(d, a, b, n);                                 \
   }
-LOOM_F16(sum, VSum, Sum)
-LOOM_F16(prod, VProd, Prod)
-LOOM_F16(max, VMax, Max)
-LOOM_F16(min, VMin, Min)
+#define LOOM_HALF_KERNELS(TN, HAVE, FAST)      \
+  LOOM_HALF(sum, TN, HAVE, FAST, VSum, Sum)    \
+  LOOM_HALF(prod, TN, HAVE, FAST, VProd, Prod) \
+  LOOM_HALF(max, TN, HAVE, FAST, VMax, Max)    \
+  LOOM_HALF(min, TN, HAVE, FAST, VMin, Min)
+
+LOOM_HALF_KERNELS(f16, haveF16c, f16c)
 LOOM_KERNELS_FOR(f32, float, loop)
 LOOM_KERNELS_FOR(f64, double, loop)
 LOOM_KERNELS_FOR(bf16generic, Bf16, loopHalf)
-
-#define LOOM_BF16(NAME, V, OP)                                        \
-  void NAME##_bf16(void* d, const void* a, const void* b, size_t n) { \
-    if (haveAvx2()) return bf16avx2<V, OP>(d, a, b, n);               \
-    NAME##_bf16generic(d, a, b, n);                                   \
-  }
-LOOM_BF16(sum, VSum, Sum)
-LOOM_BF16(prod, VProd, Prod)
-LOOM_BF16(max, VMax, Max)
-LOOM_BF16(min, VMin, Min)
+LOOM_HALF_KERNELS(bf16, haveAvx2, bf16avx2)
 
 using Fn = void (*)(void*, const void*, const void*, size_t);
 // Indexed by DataType, then by ReduceOp (Sum, Prod, Max, Min).

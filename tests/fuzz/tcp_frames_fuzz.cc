@@ -2,10 +2,13 @@
 // writes into a connection. One TcpConnection per input, over one or two socket pairs, with a few
 // receives (and maybe a send) posted; the input is fed in chunks into the far ends while the
 // connection is polled, then the far ends close. Whatever arrives must end as completed or failed
-// requests: no crash, no read or write outside a buffer (AddressSanitizer), no hang.
+// requests: no crash, no read or write outside a buffer (AddressSanitizer), no hang. A receive
+// with a consumer (core/receive_consumer.hpp) must be handed only runs inside its message, in
+// whole elements but at the message's end, and none after the request is done.
 //
 // Input: byte 0 = flags (bit 0: two streams; bits 1-2: receives to post; bit 3: post a send);
-// then two bytes per receive (tag selector, size selector); then chunks, each a control byte
+// then two bytes per receive (tag selector: bits 0-1 tag, bit 2 collective, bit 3 a consumer,
+// bits 4-5 its element size 1, 2, 4 or 8; size selector); then chunks, each a control byte
 // (bit 0: stream; bits 1-7: length - 1) followed by up to that many bytes.
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -25,6 +28,24 @@
 namespace {
 
 using namespace loom;
+
+// Checks the consumer contract as runs arrive; traps on a breach.
+class CheckingConsumer : public ReceiveConsumer {
+ public:
+  CheckingConsumer(size_t capacity, size_t granule) : ReceiveConsumer(granule), capacity_(capacity) {}
+  void consume(const uint8_t* src, size_t offset, size_t len) noexcept override {
+    if (done_ != nullptr && done_->done()) __builtin_trap();  // handed on after completion
+    if (offset > capacity_ || len > capacity_ - offset) __builtin_trap();
+    if (offset % granule() != 0) __builtin_trap();
+    volatile uint8_t sum = 0;  // touch every byte: AddressSanitizer checks the source
+    for (size_t i = 0; i < len; ++i) sum = static_cast<uint8_t>(sum + src[i]);
+    (void)sum;
+  }
+  const detail::Request* done_ = nullptr;
+
+ private:
+  const size_t capacity_;
+};
 
 ProgressEngine& engine() {
   static ProgressEngine* e = new ProgressEngine(0);  // never registered with (start() is not called)
@@ -94,6 +115,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const size_t bytes = static_cast<size_t>(data[at + 1]) * 257;
       buffers.emplace_back(bytes);
       auto req = std::make_shared<detail::Request>(0, 1, "fuzz recv", std::chrono::milliseconds(1000), failure);
+      if ((data[at] & 8) != 0) {
+        auto consumer = std::make_shared<CheckingConsumer>(bytes, size_t{1} << ((data[at] >> 4) & 3));
+        consumer->done_ = req.get();
+        req->consumer = consumer;
+        req->consumerBuffer = buffers.back().data();
+      }
       requests.push_back(req);
       conn.irecv(req, buffers.back().data(), bytes, tag);
     }
