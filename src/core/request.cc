@@ -68,15 +68,22 @@ size_t crowdedSleepBytes() {
 }  // namespace
 
 bool FailureState::fail(const Status& s) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_.load()) return false;
-    first_ = s;
-    failed_.store(true, std::memory_order_release);
-  }
+  if (!record(s)) return false;
+  runHook(s);
+  return true;
+}
+
+bool FailureState::record(const Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load()) return false;
+  first_ = s;
+  failed_.store(true, std::memory_order_release);
+  return true;
+}
+
+void FailureState::runHook(const Status& s) {
   std::lock_guard<std::mutex> lock(hookMu_);
   if (hook_) hook_(s);
-  return true;
 }
 
 Status FailureState::first() const {

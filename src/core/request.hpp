@@ -33,6 +33,12 @@ class FailureState {
   /// Records `s` as the communicator's failure if it is the first; then runs the failure hook
   /// (which fails every pending request). Returns true for the first failure.
   bool fail(const Status& s);
+  /// The two halves of fail(), for a transport that must fail its own requests between them:
+  /// record() records `s` if it is the first failure (failed() is true from then on) and returns
+  /// whether it was; the caller that got true then calls runHook(s). A thread woken by a request
+  /// that failed must find its communicator failed already (tcp_connection.cc, failFrom).
+  bool record(const Status& s);
+  void runHook(const Status& s);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   /// The first failure (ok when none).
   Status first() const;

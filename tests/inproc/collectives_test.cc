@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "common/collective_check.hpp"
 #include "common/env_guard.hpp"
@@ -474,6 +475,38 @@ TEST_P(HangReport, NamesTheRankThatHasNotEnteredTheCollective) {
   for (int r : {0, 1, 3})
     waiters = waiters || results[static_cast<size_t>(r)].error.find("waiting in it since") != std::string::npos;
   EXPECT_TRUE(waiters);
+}
+
+// The same with the last rank entering the collective well after the others: the first to time out
+// fail, and every other rank, the one that never entered and the late one still inside its own
+// deadline, learns of it from a rank that left. Whatever order that takes, every error names the
+// timeout, and none a peer "destroyed" (a goodbye that lost its cause: P2PLinks.AFailedReceive...).
+TEST_P(HangReport, ARankThatEntersLateLearnsTheCauseFromTheRankThatLeft) {
+  loomtest::TransportSetup links(GetParam());
+  loom::Options o;
+  o.timeout = std::chrono::seconds(3);
+  auto results = loomtest::runRanks(
+      4,
+      [&](loom::Communicator& c) {
+        std::vector<float> v(1024, 1.0f);
+        c.broadcast(v.data(), v.data(), v.size(), DataType::Float32, 0);  // #0, every rank
+        if (c.rank() == 2) {
+          int x = 0;
+          c.irecv(&x, 1, DataType::Int32, 0, 99).wait(std::chrono::seconds(30));  // never sent
+          return;
+        }
+        if (c.rank() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        c.allReduce(v.data(), v.data(), v.size(), DataType::Float32, ReduceOp::Sum);  // #1, rank 2 missing
+      },
+      o, std::chrono::seconds(60));
+  for (int r : {0, 1, 2, 3}) {
+    const std::string& e = results[static_cast<size_t>(r)].error;
+    EXPECT_NE(e.find("all_reduce #1"), std::string::npos) << r << ": " << e;
+    EXPECT_NE(e.find("timed out after 3.0 s"), std::string::npos) << r << ": " << e;
+    EXPECT_EQ(e.find("was destroyed"), std::string::npos) << r << ": " << e;
+  }
+  const std::string& late = results[3].error;
+  EXPECT_NE(late.find("rank 2 has not entered all_reduce #1"), std::string::npos) << late;
 }
 
 // The wait on an asynchronous collective that a worker thread runs can end before the

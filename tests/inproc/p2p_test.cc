@@ -9,6 +9,7 @@
 
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
+#include "core/comm_impl.hpp"
 #include "core/request.hpp"
 #include "transport/socket.hpp"
 
@@ -502,6 +503,34 @@ TEST_P(P2PLinks, SurvivorsShrinkAndGoOn) {
 
 // LOOM_PORT_RANGE: every peer link listens inside the range; a range with no free port left is a
 // clear error naming it. Links are probed with keepalives (the heartbeat on idle links).
+// A receive that fails because its peer's communicator failed reaches a communicator already
+// marked failed: the waiting thread may destroy it at once, and its goodbye to its other peers
+// must then carry that cause, not "destroyed" (a third rank waiting on it reported the goodbye
+// instead of the hang that started it, once in CI). Rank 0 fails its communicator by aborting it.
+TEST_P(P2PLinks, AFailedReceiveFindsItsCommunicatorFailed) {
+  loomtest::TransportSetup setup(GetParam());
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> failedBefore{-1};
+    loomtest::runRanks(2, [&](loom::Communicator& c) {
+      if (c.rank() == 0) {
+        c.barrier();
+        c.abort();
+        return;
+      }
+      int x = 0;
+      auto w = c.irecv(&x, 1, DataType::Int32, 0, 7);
+      c.barrier();
+      try {
+        w.wait(std::chrono::seconds(20));
+      } catch (const loom::Error&) {
+        failedBefore = c.impl()->failureState()->failed() ? 1 : 0;
+        throw;
+      }
+    });
+    ASSERT_EQ(failedBefore.load(), 1) << "round " << round;
+  }
+}
+
 TEST(P2P, ListenersStayInsideLoomPortRange) {
   loomtest::TransportSetup links("tcp");
   // A range of ports the kernel is not handing out now: bound to, then released.

@@ -572,8 +572,11 @@ bool ShmConnection::hasPendingLocked() const {
 }
 
 void ShmConnection::failFrom(const Status& st) noexcept {
+  // The communicator is marked failed before this link's requests fail: a thread woken by one
+  // must find it failed (tcp_connection.cc, failFrom, says why); the hook then fails the rest.
+  const bool first = failure_ && failure_->record(st);
   failAll(st);
-  if (failure_) failure_->fail(st);
+  if (first) failure_->runHook(st);
 }
 
 void ShmConnection::failAll(const Status& status) noexcept {

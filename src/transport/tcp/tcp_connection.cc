@@ -1045,12 +1045,19 @@ void TcpConnection::failFrom(const Status& given, std::unique_lock<std::mutex>& 
     if (!word.empty()) st = leftStatus(word);
   }
   // A peer that leaves while nothing is pending with it is a normal shutdown; a peer that
-  // leaves mid-operation fails the communicator.
-  const bool pending = failLocked(st) || byeFailed_;
+  // leaves mid-operation fails the communicator. The communicator is marked failed before this
+  // link's requests fail, and the link closes before the lock is let go: a thread woken by its
+  // failed request may destroy the communicator at once, and must find it failed, so that its
+  // other peers are told this cause and not a clean goodbye (seen in CI: a rank whose receive
+  // failed when another timed out left "destroyed", and a third rank waiting on it reported that
+  // instead of the hang); and no other reader of this link may fail it meanwhile with a worse word.
+  const bool pending = (!closed_ && hasPendingLocked()) || byeFailed_;
+  const bool first = pending && failure_->record(st);
+  failLocked(st);
   lock.unlock();
   if (pending) {
     LOOM_WARN("%s", st.message.c_str());
-    failure_->fail(st);
+    if (first) failure_->runHook(st);  // fails every other link and queued collective
   } else {
     LOOM_INFO("%s", st.message.c_str());
   }
