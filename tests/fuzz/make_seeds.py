@@ -56,6 +56,22 @@ write("tcp_frames", "ready", tcp_input(False, [(1, 1)], True, [(0, frame(READY, 
 reason = b"rank 1 failed: an injected fault"
 write("tcp_frames", "bye", tcp_input(False, [(1, 1)], False, [(0, frame(BYE, 0, 0, len(reason), 0, 1) + reason)]))
 write("tcp_frames", "rts_too_big", tcp_input(False, [(2, 1)], False, [(0, frame(RTS, 2, 0, 100000))]))
+# Receives with a consumer (tag selector bit 3; bits 4-5: element size 1, 2, 4, 8): eager, after
+# RTS/CTS, pushed and striped at 64-byte slices, and a slice that does not start at a whole element.
+CONSUME4, CONSUME8 = 8 | (2 << 4), 8 | (3 << 4)
+write("tcp_frames", "consume_eager",
+      tcp_input(False, [(1 | CONSUME8, 1)], False, [(0, frame(EAGER, 1, 0, 200) + payload[:200])]))
+write("tcp_frames", "consume_rts_data",
+      tcp_input(False, [(2 | CONSUME4, 8)], False,
+                [(0, frame(RTS, 2, 0, 2000) + frame(DATA, 0, 0, 0, 2000) + payload[:2000])]))
+write("tcp_frames", "consume_push_striped",
+      tcp_input(True, [(5 | CONSUME8, 8)], False,
+                [(0, frame(PUSH, COLL | 1, 0, 1504) + frame(DATA, 0, 0, 0, 768) + payload[:768]),
+                 (1, frame(DATA, 0, 0, 768, 736) + payload[768:1504])]))
+write("tcp_frames", "consume_unaligned_slice",
+      tcp_input(True, [(5 | CONSUME8, 8)], False,
+                [(0, frame(PUSH, COLL | 1, 0, 1500) + frame(DATA, 0, 0, 0, 750) + payload[:750]),
+                 (1, frame(DATA, 0, 0, 750, 750) + payload[750:1500])]))
 
 # --- store_request: length-prefixed requests (store_protocol.hpp) ---
 def store_req(op, key, value=b""):
