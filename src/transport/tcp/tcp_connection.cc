@@ -599,7 +599,8 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
         s.sink = Sink::Direct;
         s.target = op->buf;
         s.op = op;
-        consumeIntoLocked(s, *op, 0);
+        s.consumer = consumerOf(*op);
+        s.consumeAt = 0;
       } else if (op) {
         op->req->fail(truncation(h.a, *op));
         s.sink = Sink::Discard;
@@ -677,15 +678,18 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       if (it == incoming_.end()) return malformed("data for a message that was not accepted");
       RecvOp& op = *it->second;
       if (h.b == 0 || h.a > op.bytes || h.b > op.bytes - h.a) return malformed("data outside the message");
+      // Checked before the stream takes the payload: a failure reads on to find the peer's word.
+      ReceiveConsumer* consumer = consumerOf(op);
+      if (consumer != nullptr && !sliceWhole(h, op.bytes, consumer->granule()))
+        return malformed("a slice of a message that does not start and end at whole elements");
       s.inPayload = true;
       s.sink = Sink::Data;
       s.remaining = s.payloadLen = h.b;
       // A refused PUSH (its receive failed) has no buffer: its bytes are read and dropped.
       s.target = op.buf != nullptr ? op.buf + h.a : nullptr;
       s.op = it->second;
-      consumeIntoLocked(s, op, h.a);
-      if (s.consumer != nullptr && !sliceWhole(h, op.bytes, s.consumer->granule()))
-        return malformed("a slice of a message that does not start and end at whole elements");
+      s.consumer = consumer;
+      s.consumeAt = h.a;
       return Status::success();
     }
   }
@@ -718,7 +722,7 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
     case Sink::Data:
       s.op->received += s.payloadLen;
       if (s.op->received == s.op->bytes) {
-        // Every slice of a receive with a consumer went to it (consumeIntoLocked decides per receive).
+        // Every slice of a receive with a consumer went to it (consumerOf decides per receive).
         if (s.op->req && s.consumer != nullptr) s.op->req->consumed = true;
         if (s.op->req) s.op->req->complete(s.op->bytes);
         if (s.op->ux) {
@@ -739,13 +743,12 @@ Status TcpConnection::finishPayloadLocked(Stream& s) {
   return Status::success();
 }
 
-void TcpConnection::consumeIntoLocked(Stream& s, const RecvOp& op, size_t offset) {
+ReceiveConsumer* TcpConnection::consumerOf(const RecvOp& op) const {
   // A receive matched as its message arrives: its bytes can go to its consumer. One that took its
   // message from the unexpected queue (op.ux, or no request) was copied already; the waiter hands
   // its buffer on then.
   const bool takes = options_.consume && op.req && op.req->consumer && !op.ux && op.buf != nullptr;
-  s.consumer = takes ? op.req->consumer.get() : nullptr;
-  s.consumeAt = offset;
+  return takes ? op.req->consumer.get() : nullptr;
 }
 
 Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {

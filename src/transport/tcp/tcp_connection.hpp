@@ -167,9 +167,9 @@ class TcpConnection : public Connection {
   void noteUnattendedLocked(const RequestPtr& req);
   Status onHeaderLocked(Stream& s, const FrameHeader& h);
   Status finishPayloadLocked(Stream& s);
-  /// Points the stream's payload at `op`'s consumer, from message offset `offset`, if the receive
-  /// has one and took the message as it arrived (else the bytes go to its buffer as usual).
-  void consumeIntoLocked(Stream& s, const RecvOp& op, size_t offset);
+  /// The consumer `op`'s payload goes to, if the receive has one and took its message as it
+  /// arrived; null when the bytes go to its buffer as usual.
+  ReceiveConsumer* consumerOf(const RecvOp& op) const;
   /// Answers an RTS; a refusal for another call's message carries this rank's signature.
   void sendCtsLocked(uint64_t seq, bool accept, uint64_t refusedFor = 0);
   void enqueueLocked(Stream& s, const FrameHeader& h, const uint8_t* payload, size_t len, std::shared_ptr<SendOp> op);
