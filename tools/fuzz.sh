@@ -19,7 +19,8 @@ command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is missing (tools/inst
 
 if [ ! -f "$dir/build.ninja" ]; then
   CC=clang CXX=clang++ meson setup "$dir" "$ROOT" -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-    -Dwerror=true -Dtests=disabled -Dbenchmarks=false -Dexamples=false -Dcuda=disabled >/dev/null
+    -Dwerror=true -Dtests=disabled -Dbenchmarks=false -Dexamples=false -Dcuda=disabled \
+    -Doptimization=1 -Db_ndebug=true -Dcpp_args=-g1 -Dc_args=-g1 >/dev/null
 fi
 ninja -C "$dir" $(printf 'tests/fuzz/%s_fuzz ' "${targets[@]}") >"$dir/build.log" 2>&1 ||
   { grep -E "error|FAILED" -A5 "$dir/build.log" | head -60; exit 1; }

