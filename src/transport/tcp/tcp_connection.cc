@@ -1123,10 +1123,8 @@ void TcpConnection::abandonWritesLocked(Stream& s) {
   s.out.clear();
 }
 
-bool TcpConnection::failLocked(const Status& status) {
-  if (closed_) return false;
-  const bool pending = hasPendingLocked();
-
+void TcpConnection::failLocked(const Status& status) {
+  if (closed_) return;
   closed_ = true;
   closedStatus_ = status;
   for (auto& [tag, q] : posted_)
@@ -1156,7 +1154,6 @@ bool TcpConnection::failLocked(const Status& status) {
     }
     if (s->sock.valid()) shutdown(s->sock.fd(), SHUT_RDWR);
   }
-  return pending;
 }
 
 void TcpConnection::failAll(const Status& status) noexcept {

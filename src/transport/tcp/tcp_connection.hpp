@@ -201,8 +201,8 @@ class TcpConnection : public Connection {
   /// An error once every stream has seen the peer's end of file (deferred while a write is in flight).
   Status closedByPeerLocked();
   /// Fails all pending requests (but those a reader or writer holds unlocked) and closes the
-  /// sockets; returns whether anything was pending.
-  bool failLocked(const Status& status);
+  /// sockets; nothing once closed.
+  void failLocked(const Status& status);
   /// Tells the peer why this side goes (a BYE frame: `failed`, or destroyed cleanly), when stream 0
   /// is between frames; best effort.
   void sayByeLocked(const Status& status, bool failed);
