@@ -2,6 +2,8 @@
 //   loom-info          version, build features, network interfaces, transports
 //   loom-info --env    the launch detected from the environment (and where each value came
 //                      from), and every LOOM_* tunable with its current value
+//   loom-info --env --markdown
+//                      docs/settings.md: every setting with its default and meaning
 //   loom-info --algos  the cost model's algorithm per size and world size
 //   loom-info --links  inside a job: the transport chosen for every pair of ranks
 //   loom-info --dump [--pid PID] [--comm N]
@@ -33,6 +35,7 @@
 #include "loom/loom.h"
 #include "loom/loom.hpp"
 #include "loom_config.h"
+#include "settings_doc.hpp"
 #include "transport/interfaces.hpp"
 #include "transport/registry.hpp"
 
@@ -197,9 +200,10 @@ int printDump(int pid, int comm) {
 int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
     std::printf(
-        "usage: loom-info [--env | --algos | --links | --dump [--pid PID] [--comm N]]\n"
+        "usage: loom-info [--env [--markdown] | --algos | --links | --dump [--pid PID] [--comm N]]\n"
         "  (no argument)  this host: identity, NUMA nodes, cores, NICs, GPUs, transports built in\n"
         "  --env          the launch detected from the environment, and every LOOM_ setting\n"
+        "  --env --markdown  every setting as docs/settings.md (generated, checked in CI)\n"
         "  --algos        the algorithm the cost model picks per size and world size\n"
         "  --links        inside a job (loomrun -n 4 loom-info --links): the transport of every pair\n"
         "  --dump         a live job's flight records and hang report, found from this environment or\n"
@@ -207,6 +211,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "--env") == 0) {
+    if (argc > 2 && std::strcmp(argv[2], "--markdown") == 0) {
+      std::fputs(loom::tools::settingsMarkdown(loom::allParams()).c_str(), stdout);
+      return 0;
+    }
     printEnv();
     return 0;
   }

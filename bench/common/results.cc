@@ -29,8 +29,8 @@ double parseRateGbit(const std::string& text) {
 
 LinkRate findLinkRate(const std::string& flag) {
   if (!flag.empty()) return {parseRateGbit(flag), "--link-rate " + flag};
-  if (const char* env = std::getenv("LOOM_LINK_RATE"); env != nullptr && *env != '\0')
-    return {parseRateGbit(env), std::string("LOOM_LINK_RATE=") + env};
+  if (const std::string env = loom::linkRateSetting(); !env.empty())
+    return {parseRateGbit(env), "LOOM_LINK_RATE=" + env};
   // The interface Loom's TCP transport uses, if it is a real device that knows its speed.
   try {
     const std::string name = selectedInterfaces().front().name;

@@ -5,10 +5,35 @@
 
 #include "bootstrap/hostlist.hpp"
 #include "core/format.hpp"
+#include "core/param.hpp"
 #include "core/status.hpp"
 
 namespace loom {
 namespace {
+
+// Read through an injectable EnvLookup (the tests pass their own), so declared here for the
+// settings list and read below.
+LOOM_SETTING(rankSetting, "LOOM_RANK", "",
+             "this process's rank, which beats every launcher's variable (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, "
+             "SLURM_PROCID); set with LOOM_WORLD_SIZE");
+LOOM_SETTING(worldSizeSetting, "LOOM_WORLD_SIZE", "",
+             "the number of ranks, with LOOM_RANK (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)");
+LOOM_SETTING(localRankSetting, "LOOM_LOCAL_RANK", "",
+             "this process's rank among the ranks of its node (else LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, "
+             "MPI_LOCALRANKID, SLURM_LOCALID)");
+LOOM_SETTING(localSizeSetting, "LOOM_LOCAL_WORLD_SIZE", "",
+             "the number of ranks on this node, with LOOM_LOCAL_RANK (else LOCAL_WORLD_SIZE, "
+             "OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS)");
+LOOM_SETTING(masterAddrSetting, "LOOM_MASTER_ADDR", "",
+             "host of rank 0's rendezvous store (else MASTER_ADDR, the first Slurm node, 127.0.0.1 when every "
+             "rank is on this node, or mpirun's host)");
+LOOM_SETTING(masterPortSetting, "LOOM_MASTER_PORT", "",
+             "port of the rendezvous store (else MASTER_PORT, one derived from the Slurm or Open MPI job id, or "
+             "29500)");
+LOOM_SETTING(jobKeySetting, "LOOM_JOB_KEY", "",
+             "the job's secret: every connection to the store and between ranks proves it (HMAC-SHA256 "
+             "challenge-response); loomrun makes a random one; unset, a weaker key is derived from the job's "
+             "identity");
 
 struct PairSource {
   const char* rankVar;

@@ -21,7 +21,8 @@ LOOM_PARAM_INT(chunkBytesParam, "LOOM_CHUNK_BYTES", 512 * 1024,
 LOOM_PARAM_INT(treeChunkBytesParam, "LOOM_TREE_CHUNK_BYTES", 64 * 1024,
                "bytes per pipelined chunk of the double-tree all-reduce");
 LOOM_PARAM_INT(ringChannelsParam, "LOOM_RING_CHANNELS", 2,
-               "parallel rings of the ring algorithms (1 to 8), alternating in direction");
+               "parallel rings of the ring algorithms (1 to 8), alternating in direction (unset: 2 over TCP "
+               "within a host, 1 across hosts and over shared memory)");
 LOOM_PARAM_INT(channelMinBytesParam, "LOOM_RING_CHANNEL_MIN_BYTES", 256 * 1024,
                "a ring collective adds a channel only while each channel's per-rank segment keeps this many bytes");
 
@@ -124,7 +125,7 @@ size_t ringChunkBytes() {
 }
 
 size_t ringChunkBytesFor(const std::string& transport) {
-  if (std::getenv("LOOM_CHUNK_BYTES") != nullptr) return ringChunkBytes();
+  if (chunkBytesParamIsSet()) return ringChunkBytes();
   return transport == "shm" ? kShmRingChunkBytes : kTcpRingChunkBytes;
 }
 
@@ -134,6 +135,7 @@ size_t treeChunkBytes() {
 }
 
 // Read on every call (like LOOM_ALGO) so that a test can change them between collectives.
+bool ringChannelsSet() { return ringChannelsParamIsSet(); }
 int maxRingChannels() { return static_cast<int>(std::clamp<int64_t>(ringChannelsParam(), 1, detail::kMaxChannels)); }
 size_t ringChannelMinBytes() { return static_cast<size_t>(std::max<int64_t>(0, channelMinBytesParam())); }
 

@@ -108,13 +108,13 @@ class Context {
 size_t ringChunkBytes();  ///< LOOM_CHUNK_BYTES (read once)
 /// The ring's chunk on links of `transport` ("shm", "tcp"): LOOM_CHUNK_BYTES where set, else
 /// kShmRingChunkBytes over shared memory (chunks that stay in cache) and kTcpRingChunkBytes over
-/// sockets (fewer, larger sends: 4 ranks over loopback moved 5-10% more at 16-64 MiB with 2 MiB
-/// than with 512 KiB chunks, in two sessions' interleaved runs).
+/// sockets (fewer, larger sends; docs/performance.md).
 size_t ringChunkBytesFor(const std::string& transport);
 constexpr size_t kShmRingChunkBytes = 512 * 1024;
 constexpr size_t kTcpRingChunkBytes = 2 * 1024 * 1024;
 size_t treeChunkBytes();       ///< LOOM_TREE_CHUNK_BYTES (read once)
 int maxRingChannels();         ///< LOOM_RING_CHANNELS, 1 to kMaxChannels (read on every call)
+bool ringChannelsSet();        ///< whether LOOM_RING_CHANNELS is set (else defaults depend on the links)
 size_t ringChannelMinBytes();  ///< LOOM_RING_CHANNEL_MIN_BYTES (read on every call)
 
 inline const uint8_t* cbytes(const void* p) { return static_cast<const uint8_t*>(p); }

@@ -32,8 +32,7 @@ void allReduceDoubleTree(Context& c, const Args& a) {
   const auto halves = planSegments(a.count, 2);
   BinaryNode node[2] = {planDoubleTree(r, n, 0), planDoubleTree(r, n, 1)};
   // Chunks of LOOM_TREE_CHUNK_BYTES, or larger for large halves: about kTreeChunksPerHalf of them
-  // keep the pipeline full at any depth, and more only add messages (4 virtual nodes, 4 MiB:
-  // 64 KiB chunks 0.32 GB/s busbw, 256 KiB 0.58).
+  // keep the pipeline full at any depth, and more only add messages.
   const size_t chunk =
       std::max(c.treeChunkElems(E),
                std::min((halves[0].count + kTreeChunksPerHalf - 1) / kTreeChunksPerHalf, kTreeChunkMaxBytes / E));

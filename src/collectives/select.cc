@@ -14,7 +14,9 @@ namespace coll {
 namespace {
 
 LOOM_PARAM_STR(algoParam, "LOOM_ALGO", "",
-               "force algorithms: ring|rd|hd|dbtree|tree|chain|pairwise, or per collective allreduce:dbtree,...");
+               "force algorithms: ring, rd, hd, dbtree, tree, chain, pairwise, hier (node-aware), direct (one node "
+               "only), or per collective, e.g. allreduce:rd,broadcast:chain (default: the cost model's choice; "
+               "loom-info --algos prints it)");
 LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 40, "cost model: microseconds per message over TCP");
 LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
 LOOM_PARAM_INT(shmLatencyParam, "LOOM_SHM_LATENCY_US", 2, "cost model: microseconds per message over shared memory");
@@ -121,11 +123,9 @@ const char* algoName(Algo a) {
 }
 
 size_t directMinBytesFromEnv() {
-  // Every world size: with two ranks the ring (each rank reads its peer's half once per phase,
-  // single copy) used to win from 16 KiB to 32 MiB, while the direct algorithm's copies out of the
-  // shared areas ran into memcpy's slow distance (kernels/copy.hpp); since they avoid it, direct
-  // wins at every size (2 ranks, interleaved medians of 5: 64 KiB 12 against 14 us, 256 KiB 46
-  // against 75, 1 MiB 189 against 332, 4 MiB 1.10 against 1.44 ms, 16 MiB 5.4 against 7.6 ms).
+  // Every world size, two ranks included: once its copies out of the shared areas stepped around
+  // memcpy's slow distance (kernels/copy.hpp), the direct algorithm beat the ring's single-copy
+  // reads at every size (docs/performance.md, "Why the defaults").
   return static_cast<size_t>(std::max<int64_t>(0, directMinParam()));
 }
 
@@ -140,7 +140,7 @@ CostModel costModelFromEnv(const std::string& transport) {
   m.treeChunkBytes = treeChunkBytes();
   // Several rings help over TCP (more sockets in flight); over shared memory one thread drives
   // every ring, so the default there is one.
-  m.ringChannels = shm && std::getenv("LOOM_RING_CHANNELS") == nullptr ? 1 : maxRingChannels();
+  m.ringChannels = shm && !ringChannelsSet() ? 1 : maxRingChannels();
   m.channelMinBytes = ringChannelMinBytes();
   return m;
 }
@@ -181,10 +181,8 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
       // arrival but for the last of a step); a non-power of two first moves the whole buffer to
       // and from the ranks that sit out. Below 4 ranks it has no fewer steps than the ring.
       // It streams one connection per step in tree-sized chunks, where the ring streams large
-      // chunks over several channels once its segments are large: measured here (TCP, 4 ranks,
-      // medians of 8) it wins from 256 KiB to 1 MiB (0.60-0.62 GB/s busbw against the ring's
-      // 0.39-0.41) and loses from 4 MiB (0.51 against 0.70); over shared memory with two ranks it
-      // loses from 4 MiB too. Its bytes count 20% slower there.
+      // chunks over several channels once its segments are large, so its bytes count slower then
+      // (docs/performance.md, "Why the defaults").
       if (n < 4 || !m.halvingDoubling) return 1e300;
       const bool ringStreams = planChannelCount(bytes, n, m.ringChannels, m.channelMinBytes) > 1 ||
                                S / N > static_cast<double>(m.chunkBytes);
@@ -315,13 +313,9 @@ Algo Selector::pick(Coll c, size_t bytes, int ranks) const {
   // buffers, per rank's block for all-gather, then chunks staged in the shared areas), but for
   // large ones with two ranks: there the chain and the pairwise all-gather read the root's or the
   // peer's buffer in one copy (process_vm_readv) while the other rank works in parallel, where the
-  // direct forms stage each chunk and copy it out in turn. Interleaved runs on this 2-core
-  // machine, bench/*_perf with LOOM_ALGO=broadcast:...|allgather:... (after kernels/copy.hpp):
-  // 2 ranks, broadcast 64 KiB 5-24 against 20-80 us, 128 KiB 13-15 against 18-28, 256 KiB even,
-  // 1 MiB 116-373 against 138-155, 4 MiB 0.40-1.28 against 0.69-1.09 ms; all-gather 64 KiB 5.5
-  // against 16-31 us, 256 KiB 21-31 against 27-47, 1-64 MiB even or mixed. From three ranks the
-  // readers all take a staged chunk at once: broadcast 3-4 ranks 64 KiB-64 MiB 1.5-4x the chain,
-  // all-gather 4 ranks 64 KiB-64 MiB 1.1-10x pairwise.
+  // direct forms stage each chunk and copy it out in turn. From three ranks the readers all take
+  // a staged chunk at once, and the direct forms win at every size (docs/performance.md, "Why the
+  // defaults").
   if (direct() && (c == Coll::Broadcast || c == Coll::AllGather) && (ranks >= 3 || bytes <= kDirectPairMaxBytes))
     a = Algo::Direct;
   else if (direct() && c == Coll::AllGather)

@@ -1,7 +1,8 @@
 // Algorithm selection: a cost model time = latency x steps + bytes / bandwidth (+ the reduction
-// passes an algorithm cannot overlap with receiving) per algorithm, with
-// the transport's latency (LOOM_TCP_LATENCY_US) and bandwidth (LOOM_TCP_GBPS), picks the
-// algorithm per call. LOOM_ALGO overrides it, for all collectives ("ring") or per collective
+// passes an algorithm cannot overlap with receiving) per algorithm, with the links' latency and
+// bandwidth (LOOM_TCP_LATENCY_US / LOOM_TCP_MBPS, LOOM_SHM_LATENCY_US / LOOM_SHM_MBPS, or what
+// LOOM_TUNE measured at init) and the reduction's speed (LOOM_REDUCE_MBPS), picks the algorithm
+// per call. LOOM_ALGO overrides it, for all collectives ("ring") or per collective
 // ("allreduce:rd,broadcast:chain"); an algorithm that does not exist for a collective is ignored
 // for it. `loom-info --algos` prints the table of choices.
 #pragma once

@@ -89,12 +89,11 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   }
   CostModel model = costModelFromEnv(slowest);
   // Between hosts, one ring: a second one runs the other way, so each host's link carries two
-  // TCP flows that share it unevenly, and the slower sets the pace (4 nodes on 1 Gbit/s links,
-  // 16-64 MiB: one ring 97-98% of the link, two 89-91%). Within a host they help over loopback.
-  if (comm.nodeCount() > 1 && std::getenv("LOOM_RING_CHANNELS") == nullptr) model.ringChannels = 1;
-  // Between hosts, no halving-doubling unless forced: on 4 virtual nodes with 5 Gbit/s links it
-  // lost to the ring from 256 KiB to 4 MiB (1 MiB: 0.09-0.17 GB/s busbw against 0.21-0.25, two
-  // runs each), though it wins over loopback. Each of its steps starts a connection that sat idle
+  // TCP flows that share it unevenly, and the slower sets the pace. Within a host they help over
+  // loopback (docs/performance.md, "Why the defaults").
+  if (comm.nodeCount() > 1 && !ringChannelsSet()) model.ringChannels = 1;
+  // Between hosts, no halving-doubling unless forced: across virtual nodes it lost to the ring at
+  // the medium sizes it wins over loopback. Each of its steps starts a connection that sat idle
   // through the previous ones (TCP restarts slow start after idle; the ring keeps its connections
   // streaming) -- a likely cause, not a measured one.
   if (comm.nodeCount() > 1) model.halvingDoubling = false;
@@ -120,8 +119,8 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
 
 void measureLinksIfAsked(detail::CommImpl& comm) {
   // By default only a communicator across nodes measures: its network is what the defaults
-  // cannot know (a 1 Gbit/s link makes recursive doubling lose to the ring from 64 KiB on 4
-  // ranks, where loopback keeps it ahead up to 1 MiB).
+  // cannot know (on a slow link recursive doubling loses to the ring at sizes where loopback
+  // keeps it ahead).
   const int64_t tune = tuneParam();
   if (tune == 0 || comm.size() == 1 || (tune < 0 && comm.nodeCount() == 1)) return;
   const int partner = tunePartner(comm);

@@ -23,8 +23,11 @@ namespace loom {
 namespace detail {
 namespace {
 
-LOOM_PARAM_INT(timeoutParam, "LOOM_TIMEOUT", 300, "seconds any wait may last before it fails with a timeout");
-LOOM_PARAM_INT(initTimeoutParam, "LOOM_INIT_TIMEOUT", 120, "seconds all ranks have to join a communicator");
+LOOM_PARAM_INT(timeoutParam, "LOOM_TIMEOUT", 300,
+               "seconds any wait may last (Options::timeout per communicator, Work::wait(timeout) per call); a "
+               "timeout names what was awaited from whom, carries the hang report, and fails the communicator");
+LOOM_PARAM_INT(initTimeoutParam, "LOOM_INIT_TIMEOUT", 120,
+               "seconds all ranks have to join a communicator; the error names the ranks that did not");
 LOOM_PARAM_INT(socketsPerPeerParam, "LOOM_SOCKETS_PER_PEER", 2, "TCP sockets striped per peer (1 to 16)");
 
 // A failing rank's word in the store (leaveWord / lastWordOf): its first error, this long at most.

@@ -12,7 +12,9 @@
 namespace loom {
 namespace {
 
-LOOM_PARAM_STR(debugLevelParam, "LOOM_DEBUG", "WARN", "log level on stderr: NONE, WARN, INFO or TRACE");
+LOOM_PARAM_STR(debugLevelParam, "LOOM_DEBUG", "WARN",
+               "log level on stderr: NONE, WARN, INFO (at init: the launch found, the transport and interface of "
+               "each link, the cost model's inputs) or TRACE");
 
 thread_local int tlsRank = -1;
 

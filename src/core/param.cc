@@ -22,11 +22,11 @@ std::vector<ParamInfo>& registry() {
 
 }  // namespace
 
-ParamRegistrar::ParamRegistrar(const char* env, std::string defaultText, const char* help) {
+ParamRegistrar::ParamRegistrar(const char* env, std::string defaultText, const char* help, const char* file) {
   std::lock_guard<std::mutex> lock(registryMutex());
   for (const auto& p : registry())
     if (std::strcmp(p.env, env) == 0) return;
-  registry().push_back(ParamInfo{env, std::move(defaultText), help});
+  registry().push_back(ParamInfo{env, std::move(defaultText), help, file});
 }
 
 std::vector<ParamInfo> allParams() {
@@ -48,6 +48,11 @@ int64_t envInt(const char* env, int64_t def) {
     return def;
   }
   return x;
+}
+
+bool envIsSet(const char* env) {
+  const char* v = std::getenv(env);
+  return v != nullptr && *v != '\0';
 }
 
 std::string envStr(const char* env, const char* def) {

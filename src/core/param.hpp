@@ -4,7 +4,11 @@
 //   LOOM_PARAM_INT(socketsPerPeer, "LOOM_SOCKETS_PER_PEER", 2, "TCP sockets striped per peer");
 //
 // defines `int64_t socketsPerPeer()` reading the variable (each call reads the environment, so
-// read it at init, not on a hot path) and registers it for `loom-info --env`.
+// read it at init, not on a hot path) and `bool socketsPerPeerIsSet()`, and registers the setting
+// for `loom-info --env` and docs/settings.md (`loom-info --env --markdown`, checked in CI). A
+// variable read some other way (the launcher variables, through an injectable lookup) is declared
+// with LOOM_SETTING so that it is listed all the same. The registry keeps the declaring file: the
+// manual groups the settings by the folder they live in.
 #pragma once
 
 #include <cstdint>
@@ -17,14 +21,15 @@ struct ParamInfo {
   const char* env;
   std::string defaultText;
   const char* help;
+  const char* file;  ///< the declaring source file (__FILE__)
 };
 
-/// Every tunable registered so far, sorted by name.
+/// Every setting registered so far, sorted by name.
 std::vector<ParamInfo> allParams();
 
-/// Registers a tunable at static-initialisation time.
+/// Registers a setting at static-initialisation time.
 struct ParamRegistrar {
-  ParamRegistrar(const char* env, std::string defaultText, const char* help);
+  ParamRegistrar(const char* env, std::string defaultText, const char* help, const char* file);
 };
 
 /// The variable's integer value, or `def` when unset or empty; a malformed value is warned about
@@ -32,12 +37,19 @@ struct ParamRegistrar {
 int64_t envInt(const char* env, int64_t def);
 /// The variable's value, or `def` when unset.
 std::string envStr(const char* env, const char* def);
+/// Whether the variable is set to something non-empty (the user chose a value).
+bool envIsSet(const char* env);
 
 }  // namespace loom
 
-#define LOOM_PARAM_INT(fn, env, def, help)                                      \
-  static ::loom::ParamRegistrar fn##Registrar_(env, std::to_string(def), help); \
-  static inline int64_t fn() { return ::loom::envInt(env, def); }
-#define LOOM_PARAM_STR(fn, env, def, help)                      \
-  static ::loom::ParamRegistrar fn##Registrar_(env, def, help); \
-  static inline std::string fn() { return ::loom::envStr(env, def); }
+#define LOOM_PARAM_INT(fn, env, def, help)                                                \
+  static ::loom::ParamRegistrar fn##Registrar_(env, std::to_string(def), help, __FILE__); \
+  static inline int64_t fn() { return ::loom::envInt(env, def); }                         \
+  static inline bool fn##IsSet() { return ::loom::envIsSet(env); }
+#define LOOM_PARAM_STR(fn, env, def, help)                                \
+  static ::loom::ParamRegistrar fn##Registrar_(env, def, help, __FILE__); \
+  static inline std::string fn() { return ::loom::envStr(env, def); }     \
+  static inline bool fn##IsSet() { return ::loom::envIsSet(env); }
+/// A setting read by other means than the accessors above; `defaultText` is what applies when unset.
+#define LOOM_SETTING(tag, env, defaultText, help) \
+  static ::loom::ParamRegistrar tag##Registrar_(env, defaultText, help, __FILE__)

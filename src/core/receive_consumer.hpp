@@ -5,10 +5,8 @@
 // Why: a reduce step that receives a chunk into a staging buffer and then reduces it reads and
 // writes that chunk through main memory twice (the kernel's copy writes it out, the reduction reads
 // it back). A transport that reads a socket into a small buffer of its own and hands each run of
-// bytes on at once, while it is still in cache, saves both passes: on 4 ranks over loopback TCP
-// the reduce-scatter half of a 64 MiB all-reduce ran at 68% of the raw socket rate with staging
-// (bench/compare_tools/raw_ring_bench), and a copy into cache then a reduction took 17 ms per
-// 64 MiB on one core against 24 ms through staging (the same copy and reduction, timed alone).
+// bytes on at once, while it is still in cache, saves both passes (LOOM_TCP_REDUCE_ON_ARRIVAL
+// turns it off for comparison; docs/performance.md).
 //
 // Contract, for transports: a transport that honours the consumer (TcpConnection) hands it every
 // byte of the message exactly once, in runs whose offsets and lengths are whole multiples of

@@ -12,20 +12,17 @@
 namespace loom {
 namespace {
 
-// 500 us: long enough to ride out the skew between ranks that start a collective at slightly
-// different times (a DDP bucket started during backward), short enough not to hold a core while a
-// peer computes. With 50 us, two ranks hid 63-75% of the gradient all-reduce behind the backward
-// in bench/ddp_overlap, with 500 us 80-93%; back-to-back collectives do not change (they never
-// sleep).
+// Long enough to ride out the skew between ranks that start a collective at slightly different
+// times (a DDP bucket started during backward: a tenth of it hid markedly less of the gradient
+// all-reduce in bench/ddp_overlap), short enough not to hold a core while a peer computes.
+// Back-to-back collectives never sleep, so it does not change them.
 LOOM_PARAM_INT(spinWaitUs, "LOOM_SPIN_WAIT_US", 500,
                "microseconds of its own CPU time without progress a waiter keeps polling its connection before it "
                "sleeps");
 // With more ranks than cores a waiter yields its core after every empty poll, so polling longer
 // costs the ranks that share the core little, while each sleep costs a wake-up through the progress
-// engine and a new placement by the scheduler. 4 nodes of one rank on 2 cores, 8-byte all-reduce:
-// with 500 us the ranks slept 7 times a second each, and the scheduler, placing them anew at each
-// wake-up, left three on one core a fifth of the time (47-60 us per call, Open MPI 48-51 us: it
-// never sleeps); with 5000 us they stayed two per core (41-48 us).
+// engine and a new placement by the scheduler, which can leave several spinning ranks on one core
+// for a while (docs/performance.md, "Why the defaults").
 LOOM_PARAM_INT(crowdedSpinWaitUs, "LOOM_CROWDED_SPIN_WAIT_US", 5000,
                "LOOM_SPIN_WAIT_US with more ranks than cores on the machine");
 // However little CPU time a waiter gets, it looks at its deadline and at what would make the wait

@@ -2,9 +2,8 @@
 // here) with `rep movsb`, which some x86 processors run at a tenth of their speed or less when the
 // destination sits 1 to 63 bytes past the source modulo 4096: every store then seems to overlap a
 // load still in flight. That is exactly where a buffer from malloc's mmap path (page + 16) meets a
-// page-aligned shared-memory area; measured on this AMD EPYC VM (glibc 2.36), a 128 KiB copy ran
-// at 2.5 GB/s instead of 40. copy() takes a vector loop for those distances and leaves every
-// other copy to memcpy.
+// page-aligned shared-memory area (bench/copy_bench shows it; docs/performance.md). copy() takes a
+// vector loop for those distances and leaves every other copy to memcpy.
 //
 // Pure functions: no allocation, thread-safe.
 #pragma once

@@ -170,8 +170,8 @@ __attribute__((target("avx2,f16c"))) void f16c(void* d, const void* a, const voi
 }
 
 // bfloat16 with AVX2: GCC 12 vectorises neither the widening nor the rounding (its NaN branch) of
-// loopHalf<Bf16> well (1.9 GB/s for a sum on 64 MiB here, against 4.8 for float32), so these take
-// sixteen at a time by hand, rounding exactly as fromFloat(float, Bf16) does. Widening interleaves
+// loopHalf<Bf16> well (it ran at less than half of float32's rate), so these take sixteen at a
+// time by hand, rounding exactly as fromFloat(float, Bf16) does. Widening interleaves
 // zeros below each 16-bit value within 128-bit lanes (elements 0-3 and 8-11 in `lo`, 4-7 and 12-15
 // in `hi`), and narrowing packs them back in that order: no lane crossing either way.
 __attribute__((target("avx2"))) inline __m256i bf16Round(__m256 f) {

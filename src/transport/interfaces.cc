@@ -12,12 +12,21 @@ namespace loom {
 namespace {
 
 LOOM_PARAM_STR(socketIfnameParam, "LOOM_SOCKET_IFNAME", "",
-               "interfaces for TCP: prefixes, ^ to exclude, = for exact names (NCCL_SOCKET_IFNAME syntax)");
-LOOM_PARAM_STR(socketFamilyParam, "LOOM_SOCKET_FAMILY", "", "address family for TCP: AF_INET or AF_INET6");
+               "interfaces for TCP: prefixes (eth,ib), ^ to exclude (^docker), = for exact names (=eth0), as "
+               "NCCL_SOCKET_IFNAME (default: every interface up but lo and docker*; lo when there is no other); "
+               "sockets are striped over all the interfaces selected");
+LOOM_PARAM_STR(socketFamilyParam, "LOOM_SOCKET_FAMILY", "",
+               "address family for TCP: AF_INET or AF_INET6 (default: both)");
+LOOM_PARAM_STR(linkRateParam, "LOOM_LINK_RATE", "",
+               "the network's rate for the *_perf summary line, like 100gbit or 400mbit (default: the speed the "
+               "kernel reports for the interface Loom uses, physical NICs only)");
 
 bool startsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 }  // namespace
+
+std::string socketIfnameSetting() { return socketIfnameParam(); }
+std::string linkRateSetting() { return linkRateParam(); }
 
 IfnameSpec parseIfnameSpec(const std::string& text) {
   IfnameSpec spec;

@@ -33,6 +33,11 @@ struct Interface {
 /// IPv4 first. Link-local IPv6 addresses are skipped.
 std::vector<Interface> findInterfaces(const std::string& ifnameSpec, const std::string& family);
 
+/// LOOM_SOCKET_IFNAME as the user set it ("" when unset).
+std::string socketIfnameSetting();
+/// LOOM_LINK_RATE as the user set it ("" when unset): the benchmarks' link rate.
+std::string linkRateSetting();
+
 /// The interfaces chosen by LOOM_SOCKET_IFNAME / LOOM_SOCKET_FAMILY; throws Error(System) when
 /// none match, listing the interfaces that exist.
 std::vector<Interface> selectedInterfaces();

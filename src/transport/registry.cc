@@ -11,7 +11,10 @@
 namespace loom {
 namespace {
 
-LOOM_PARAM_STR(transportParam, "LOOM_TRANSPORT", "", "transports allowed, e.g. tcp or ^shm (default: all)");
+LOOM_PARAM_STR(transportParam, "LOOM_TRANSPORT", "",
+               "transports allowed: cuda_ipc, shm, tcp, or exclusions such as ^shm (which excludes cuda_ipc too: it "
+               "carries host bytes over shared memory) or ^cuda_ipc (device buffers staged through host memory); "
+               "each pair of ranks gets the first allowed one that reaches it (default: all)");
 
 }  // namespace
 

@@ -1,6 +1,6 @@
 // The ordered table of transports compiled into this build. For each pair of ranks the first
-// transport that can connect them wins (CUDA IPC, shared memory, InfiniBand, then TCP as later
-// issues add them); LOOM_TRANSPORT narrows the table with the LOOM_SOCKET_IFNAME syntax
+// transport that can connect them wins (CUDA IPC, then shared memory, then TCP; InfiniBand will
+// sit before TCP); LOOM_TRANSPORT narrows the table with the LOOM_SOCKET_IFNAME syntax
 // ("tcp", "^shm"). A transport not compiled in is simply absent.
 #pragma once
 

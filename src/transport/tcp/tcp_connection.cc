@@ -29,10 +29,9 @@ constexpr size_t kDirectReadBytes = 32 * 1024;
 constexpr size_t kHeaderReadBytes = 4096;
 // A read this large, or one that continues a payload, asks the kernel to acknowledge at once
 // (setQuickAck): data flowing both ways puts Linux's TCP in its delayed-ACK ("pingpong") mode,
-// and the unacknowledged tail of a message then holds up a sender that ran out of window for
-// 40-80 ms (seen on token-bucket links: recursive doubling at 64 KiB across 4 virtual nodes
-// averaged 0.7-1.6 ms for a median of 0.2). Reads of small whole messages, which no sender waits
-// on, skip the syscall.
+// and the unacknowledged tail of a message then holds up a sender that ran out of window for a
+// delayed-ACK timer's worth (tens of milliseconds; docs/performance.md). Reads of small whole
+// messages, which no sender waits on, skip the syscall.
 constexpr ssize_t kQuickAckBytes = 8 * 1024;
 // Streams poll() checks for readiness at once (LOOM_SOCKETS_PER_PEER is at most 16).
 constexpr size_t kMaxStreams = 16;
@@ -761,10 +760,10 @@ void TcpConnection::setLowWaterLocked(Stream& s) {
   // A long payload arrives over many packets. With more ranks than cores, waiters of large
   // transfers sleep and the receive thread reads (core/request.cc): woken per packet, it pays a
   // wake-up and a syscall for every 64 KiB, on the cores the senders need. Readable only per
-  // lowWater bytes, it reads them in one go (4 ranks on 2 cores, 16 MiB over loopback: 6% less
-  // time). With a core per rank a polling waiter reads instead, and copying out as the bytes
-  // land overlaps the sender's copying in: no low-water mark then (2 ranks at 1 MiB: 15% slower
-  // with one). Never more than the payload still owes, which the sender is writing: the wait ends.
+  // lowWater bytes, it reads them in one go. With a core per rank a polling waiter reads instead,
+  // and copying out as the bytes land overlaps the sender's copying in: no low-water mark then
+  // (it made that case slower). Never more than the payload still owes, which the sender is
+  // writing: the wait ends.
   const size_t lw = options_.lowWater;
   const bool crowded = detail::pauseSpinsBeforeYield().load(std::memory_order_relaxed) <= detail::kPauseSpinsCrowded;
   const bool bulk = crowded && lw > 1 && s.inPayload && s.target != nullptr && s.remaining > lw;

@@ -17,6 +17,7 @@
 #include "core/logging.hpp"
 #include "core/param.hpp"
 #include "core/progress_engine.hpp"
+#include "transport/interfaces.hpp"
 #include "transport/tcp/tcp_connection.hpp"
 
 namespace loom {
@@ -39,7 +40,8 @@ LOOM_PARAM_INT(quickAckParam, "LOOM_TCP_QUICKACK", 1,
                "1: ask TCP to acknowledge bulk reads at once (TCP_QUICKACK), so that delayed ACKs never hold up a "
                "sender; 0: the kernel's delayed ACKs");
 LOOM_PARAM_INT(lowWaterParam, "LOOM_TCP_LOWAT", 256 * 1024,
-               "bytes of a long payload a socket gathers before its reader is woken (SO_RCVLOWAT); 0: every packet");
+               "with more ranks than cores, bytes of a long payload a socket gathers before its reader is woken "
+               "(SO_RCVLOWAT); 0: every packet");
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_EAGER_BYTES", 64 * 1024,
                "largest TCP message sent at once; larger ones wait for the receiver (max 1 MiB)");
 LOOM_PARAM_INT(reduceOnArrivalParam, "LOOM_TCP_REDUCE_ON_ARRIVAL", 1,
@@ -205,12 +207,12 @@ void TcpTransport::publish(TransportContext& ctx) {
   if (ctx.rank == 0 || logLevel() >= LogLevel::Trace) {
     std::string list;
     for (const auto& [addr, name] : eps) list += (list.empty() ? "" : ", ") + name + " " + addr.host();
-    const char* spec = std::getenv("LOOM_SOCKET_IFNAME");
+    const std::string spec = socketIfnameSetting();
     LOOM_INFO("tcp: %s %s%s%s", ifaces_.size() == 1 ? "using" : "striping sockets over", list.c_str(),
-              spec != nullptr ? " (LOOM_SOCKET_IFNAME="
-                              : " (every interface up but lo and docker*; LOOM_SOCKET_IFNAME "
-                                "narrows it",
-              spec != nullptr ? (std::string(spec) + ")").c_str() : ")");
+              !spec.empty() ? " (LOOM_SOCKET_IFNAME="
+                            : " (every interface up but lo and docker*; LOOM_SOCKET_IFNAME "
+                              "narrows it",
+              !spec.empty() ? (spec + ")").c_str() : ")");
   }
 }
 
