@@ -2,7 +2,7 @@
 //
 //     loomrun -n 4 ./build/examples/ddp_linear_regression [--epochs 10] [--checkpoint PATH]
 //
-// (srun, mpirun and torchrun work as well: see README.md.) Every rank runs this same program on
+// (srun, mpirun and torchrun work as well: see docs/launchers.md.) Every rank runs this same program on
 // its own share of the data. After each backward pass the ranks average their gradients, so every
 // rank takes the same optimiser step and the replicas of the model stay identical: the run equals
 // one process training on the ranks' batches put together, only faster.

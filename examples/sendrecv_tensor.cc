@@ -1,6 +1,6 @@
 // sendrecv_tensor: the smallest complete Loom program. Read it top to bottom.
 //
-// Run it with two ranks (see README.md for srun, mpirun and two terminals by hand):
+// Run it with two ranks (docs/launchers.md shows srun, mpirun and two terminals by hand):
 //
 //     loomrun -n 2 ./build/examples/sendrecv_tensor
 //

@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     const size_t bytes = std::max<size_t>(64, std::strtoull(argv[a], nullptr, 10)) / 4 * 4;
     const int reps = bytes >= (16u << 20) ? 5 : 9;
     // Buffers placed on purpose: glibc's memcpy crawls when the destination lies 1 to 63 bytes
-    // past the source modulo 4096 (README, "Ranks of one node"), which malloc's placement can
+    // past the source modulo 4096 (docs/performance.md, "Why the defaults"), which malloc's placement can
     // hit, and a[i] += b[i] stalls on 4K aliasing when it lies exactly a multiple of 4096 past:
     // the destination starts kDstOffset floats (256 bytes) into a page, the source at a page.
     constexpr size_t kDstOffset = 64;

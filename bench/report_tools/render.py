@@ -94,6 +94,14 @@ def cell(v, size):
     return us(v[0]) if size <= SMALL else gbs(v[1])
 
 
+def spread(doc, ranks, size, lib="loom"):
+    """The slowest run's time over the fastest's, for the runs behind a median ("" when unknown)."""
+    for r in doc["results"]:
+        if r["ranks"] == ranks and r["bytes"] == size and r["lib"] == lib and len(r.get("runs_us", [])) > 1:
+            return f"{max(r['runs_us']) / min(r['runs_us']):.2f}"
+    return ""
+
+
 def best_other(res, ranks, size, libs):
     """The best of `libs` at this point: (lib, (time, busbw)), by time up to SMALL, else by busbw."""
     have = [(lib, res[(ranks, size, lib)]) for lib in libs if (ranks, size, lib) in res]
@@ -124,16 +132,17 @@ def render_allreduce_tcp(doc_dir):
             loom = res.get((n, s, "loom"))
             other = best_other(res, n, s, ("gloo-ring", "gloo-hd", "mpi-tcp"))
             raw = ceil.get((n, s, "raw"))
-            rows.append([n, human(s)] + [cell(res.get((n, s, k)), s) for k in ("loom", "gloo-ring", "gloo-hd", "mpi-tcp")]
-                        + [gbs(raw) if raw else "", vs(loom, other[1] if other else None, s),
-                           pct(loom[1] / raw) if (loom and raw and s > SMALL) else "",
-                           cell(res.get((n, s, "mpi-shm")), s)])
-    out.append(table(["ranks", "size", "Loom", "Gloo ring", "Gloo h-d", "Open MPI tcp", "raw TCP ring",
+            rows.append([n, human(s), cell(loom, s), spread(d, n, s)] +
+                        [cell(res.get((n, s, k)), s) for k in ("gloo-ring", "gloo-hd", "mpi-tcp")] +
+                        [gbs(raw) if raw else "", vs(loom, other[1] if other else None, s),
+                         pct(loom[1] / raw) if (loom and raw and s > SMALL) else "",
+                         cell(res.get((n, s, "mpi-shm")), s)])
+    out.append(table(["ranks", "size", "Loom", "Loom's spread", "Gloo ring", "Gloo h-d", "Open MPI tcp", "raw TCP ring",
                       "Loom vs best other", "Loom / raw", "Open MPI vader (reference)"], rows))
     out.append("\nbusbw in GB/s (time up to 1 KiB); medians of "
-               f"{d['repeats']} runs ({d['small_repeats']} up to 1 KiB); \"Loom vs best other\" is Loom's busbw "
-               "over the best of Gloo and Open MPI over TCP (up to 1 KiB the best other time over Loom's): above 1 "
-               "Loom is faster.\n")
+               f"{d['repeats']} runs ({d['small_repeats']} up to 1 KiB); \"Loom's spread\" is its slowest run's time "
+               "over its fastest; \"Loom vs best other\" is Loom's busbw over the best of Gloo and Open MPI over TCP "
+               "(up to 1 KiB the best other time over Loom's): above 1 Loom is faster.\n")
     return "".join(out)
 
 
@@ -150,15 +159,16 @@ def render_allreduce_shm(doc_dir, section="allreduce_shm", only=None):
     for n in ranks:
         for s in sizes:
             loom, mpi = res.get((n, s, "loom")), res.get((n, s, "mpi-shm"))
-            bound = ceil.get((n, s, "bound"))
-            rows.append([n, human(s), cell(loom, s), cell(mpi, s), vs(loom, mpi, s),
+            bound = ceil.get((n, s, "bound")) if s > SMALL else None
+            rows.append([n, human(s), cell(loom, s), spread(d, n, s), cell(mpi, s), vs(loom, mpi, s),
                          gbs(ceil[(n, s, "memcpy")]) if (n, s, "memcpy") in ceil and s > SMALL else "",
                          gbs(bound) if bound else "", pct(loom[1] / bound) if (loom and bound) else ""])
-    out.append(table(["ranks", "size", "Loom", "Open MPI vader", "Loom vs Open MPI", "memcpy per thread",
-                      "bound", "Loom / bound"], rows))
+    out.append(table(["ranks", "size", "Loom", "Loom's spread", "Open MPI vader", "Loom vs Open MPI",
+                      "memcpy per thread", "bound", "Loom / bound"], rows))
     out.append(f"\n{d['coll']}, float32; busbw in GB/s (time up to 1 KiB); medians of {d['repeats']} runs "
-               f"({d['small_repeats']} up to 1 KiB). The bound is the memory traffic of Loom's algorithm at the "
-               "memcpy rate measured in the same run (see below).\n")
+               f"({d['small_repeats']} up to 1 KiB); \"Loom's spread\" is its slowest run's time over its fastest. "
+               "The bound is the memory traffic of Loom's algorithm at the memcpy rate measured in the same run "
+               "(see below).\n")
     return "".join(out)
 
 
@@ -194,7 +204,8 @@ def render_readme(doc_dir):
     out = [table(["size", "Loom shm", "Open MPI vader", "Loom vs Open MPI", "Loom TCP", "Gloo TCP (best)",
                   "Open MPI TCP", "Loom vs best other", "Loom / raw TCP"], rows)]
     out.append(f"\n4 ranks on one node ({s['cpu']}, {s['cores']} cores, {s['date']}); float32 sum; busbw in GB/s "
-               "(time up to 1 KiB), medians of several interleaved runs; \"vs\" columns above 1 mean Loom is faster. "
+               f"(time up to 1 KiB), medians of {tcp['data']['repeats']} interleaved runs ({tcp['data']['small_repeats']} "
+               "up to 1 KiB); \"vs\" columns above 1 mean Loom is faster. "
                f"Made by `bench/report`; method, every other table and what limits each row: "
                f"[docs/performance.md]({rel(doc_dir, os.path.join(ROOT, 'docs', 'performance.md'))}).\n")
     return "".join(out)
@@ -202,29 +213,41 @@ def render_readme(doc_dir):
 
 # ---- across nodes -------------------------------------------------------------------------------
 
+NODE_RATES = (("1gbit", "1 Gbit/s"), ("5gbit", "5 Gbit/s"), ("none", "unshaped veth"))
+
+
+def node_runs(d):
+    """bench/compare_nodes' figures as {lib: {bytes: (time_us, busbw)}}."""
+    return {lib: {p["bytes"]: (p["time_us"], p["busbw_gbs"]) for p in pts} for lib, pts in d["runs"].items()}
+
+
+def node_best_other(runs, size):
+    """(lib, (time, busbw)) of the best of Gloo and Open MPI at `size`, or None."""
+    others = [(lib, runs[lib][size]) for lib in ("gloo-ring", "gloo-hd", "mpi-tcp") if size in runs.get(lib, {})]
+    if not others:
+        return None
+    return min(others, key=lambda x: x[1][0]) if size <= SMALL else max(others, key=lambda x: x[1][1])
+
 def render_nodes(doc_dir):
     res_doc = load("nodes")
     if res_doc is None:
         return missing("nodes")
     out = [stamp_line(res_doc, doc_dir, "nodes"), "\n"]
     rows = []
-    for key, title in (("1gbit", "1 Gbit/s"), ("5gbit", "5 Gbit/s"), ("none", "unshaped veth")):
+    for key, title in NODE_RATES:
         d = res_doc["data"].get(key)
         if not d:
             continue
-        runs = {lib: {p["bytes"]: (p["time_us"], p["busbw_gbs"]) for p in pts} for lib, pts in d["runs"].items()}
+        runs = node_runs(d)
         link, ring = d.get("link_gbs") if d.get("rate") else None, d.get("ring_gbs")
         ceiling = " ".join(x for x in (f"link {gbs(link)}" if link else "", f"ring {gbs(ring)}" if ring else "") if x)
         first = True
         for s in sorted(runs.get("loom", {})):
-            loom = runs["loom"].get(s)
-            others = [runs[k][s] for k in ("gloo-ring", "gloo-hd", "mpi-tcp") if s in runs.get(k, {})]
-            best = (min(others, key=lambda v: v[0]) if s <= SMALL else max(others, key=lambda v: v[1])) if others \
-                else None
+            loom, best = runs["loom"].get(s), node_best_other(runs, s)
             top = link or ring
             rows.append([title if first else "", ceiling if first else "", human(s)] +
                         [cell(runs.get(k, {}).get(s), s) for k in ("loom", "gloo-ring", "gloo-hd", "mpi-tcp")] +
-                        [vs(loom, best, s), pct(loom[1] / top) if (loom and top and s > SMALL) else ""])
+                        [vs(loom, best[1] if best else None, s), pct(loom[1] / top) if (loom and top and s > SMALL) else ""])
             first = False
     out.append(table(["links", "ceiling (same run)", "size", "Loom", "Gloo ring", "Gloo h-d", "Open MPI tcp",
                       "Loom vs best other", "Loom / ceiling"], rows))
@@ -347,7 +370,50 @@ def render_algos(doc_dir):
     return f"```\n{res_doc['data']['text'].rstrip()}\n```\n"
 
 
+def render_behind(doc_dir):
+    """Every row of the current results where Loom is more than 5% behind its anchor."""
+    rows = []
+
+    def ratio_of(mine, other, size):
+        return other[0] / mine[0] if size <= SMALL else mine[1] / other[1]
+
+    def scan(section, label, anchors):
+        res_doc = load(section)
+        if res_doc is None:
+            return
+        res, _ = rows_by(res_doc["data"])
+        for (n, s, lib) in sorted(res):
+            if lib != "loom":
+                continue
+            other = best_other(res, n, s, anchors)
+            if other and ratio_of(res[(n, s, lib)], other[1], s) < 0.95:
+                rows.append([label, n, human(s), LIB_NAMES.get(other[0], other[0]),
+                             ratio(ratio_of(res[(n, s, lib)], other[1], s))])
+    scan("allreduce_tcp", "all-reduce over TCP", ("gloo-ring", "gloo-hd", "mpi-tcp"))
+    for section, label in (("allreduce_shm", "all-reduce, shared memory"), ("broadcast_shm", "broadcast, shared memory"),
+                           ("allgather_shm", "all-gather, shared memory")):
+        scan(section, label, ("mpi-shm",))
+    nodes = load("nodes")
+    for key, title in NODE_RATES:
+        d = nodes["data"].get(key) if nodes else None
+        if not d:
+            continue
+        runs = node_runs(d)
+        for s, mine in sorted(runs.get("loom", {}).items()):
+            other = node_best_other(runs, s)
+            if other is None:
+                continue
+            lib, best = other
+            if ratio_of(mine, best, s) < 0.95:
+                rows.append([f"all-reduce across virtual nodes, {title}", "4 (one per node)", human(s), LIB_NAMES.get(lib, lib),
+                             ratio(ratio_of(mine, best, s))])
+    if not rows:
+        return "Loom is level with or ahead of every anchor in every row of the current results.\n"
+    return table(["where", "ranks", "size", "ahead of Loom", "Loom vs it"], rows)
+
+
 RENDERERS = {
+    "behind": render_behind,
     "readme-allreduce": render_readme,
     "allreduce-tcp": render_allreduce_tcp,
     "allreduce-shm": render_allreduce_shm,

@@ -1,4 +1,4 @@
-// The cost model and LOOM_ALGO parsing, without a network: the choices documented in the README
+// The cost model and LOOM_ALGO parsing, without a network: the choices documented in docs/performance.md
 // (and printed by loom-info --algos) hold for the default model.
 #include "collectives/select.hpp"
 
@@ -28,7 +28,7 @@ TEST(Select, LargeSizesUseTheRing) {
 }
 
 // Halving-doubling: the ring's bytes in log2(n) steps each way, from 4 ranks, at medium sizes
-// (README: measured crossovers).
+// (docs/performance.md, "Why the defaults": the measured crossovers).
 TEST(Select, HalvingDoublingWinsAtMediumSizesFromFourRanks) {
   CostModel m;
   for (int n : {4, 8, 64, 256}) EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, n, m, ""), Algo::HalvingDoubling) << n;
