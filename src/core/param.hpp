@@ -44,12 +44,12 @@ bool envIsSet(const char* env);
 
 #define LOOM_PARAM_INT(fn, env, def, help)                                                \
   static ::loom::ParamRegistrar fn##Registrar_(env, std::to_string(def), help, __FILE__); \
-  static inline int64_t fn() { return ::loom::envInt(env, def); }                         \
-  static inline bool fn##IsSet() { return ::loom::envIsSet(env); }
-#define LOOM_PARAM_STR(fn, env, def, help)                                \
-  static ::loom::ParamRegistrar fn##Registrar_(env, def, help, __FILE__); \
-  static inline std::string fn() { return ::loom::envStr(env, def); }     \
-  static inline bool fn##IsSet() { return ::loom::envIsSet(env); }
+  [[maybe_unused]] static inline int64_t fn() { return ::loom::envInt(env, def); }        \
+  [[maybe_unused]] static inline bool fn##IsSet() { return ::loom::envIsSet(env); }
+#define LOOM_PARAM_STR(fn, env, def, help)                                             \
+  static ::loom::ParamRegistrar fn##Registrar_(env, def, help, __FILE__);              \
+  [[maybe_unused]] static inline std::string fn() { return ::loom::envStr(env, def); } \
+  [[maybe_unused]] static inline bool fn##IsSet() { return ::loom::envIsSet(env); }
 /// A setting read by other means than the accessors above; `defaultText` is what applies when unset.
 #define LOOM_SETTING(tag, env, defaultText, help) \
   static ::loom::ParamRegistrar tag##Registrar_(env, defaultText, help, __FILE__)
