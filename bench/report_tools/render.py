@@ -79,6 +79,19 @@ def missing(section):
     return f"*Not measured yet: `bench/report --only {section}` measures it.*\n"
 
 
+def stamped(result, section):
+    """A renderer of one results file: `body(res_doc)` gives the table and its notes; the wrapper
+    puts the stamp line above them, or says how to measure them when there are no results yet."""
+    def wrap(body):
+        def render(doc_dir):
+            res_doc = load(result)
+            if res_doc is None:
+                return missing(section)
+            return stamp_line(res_doc, doc_dir, result) + "\n" + body(res_doc)
+        return render
+    return wrap
+
+
 # ---- all-reduce over TCP and shared memory ------------------------------------------------------
 
 def rows_by(doc):
@@ -117,13 +130,11 @@ def vs(mine, other, size):
     return ratio(other[0] / mine[0]) if size <= SMALL else ratio(mine[1] / other[1])
 
 
-def render_allreduce_tcp(doc_dir):
-    res_doc = load("allreduce_tcp")
-    if res_doc is None:
-        return missing("tcp")
+@stamped("allreduce_tcp", "tcp")
+def render_allreduce_tcp(res_doc):
     d = res_doc["data"]
     res, ceil = rows_by(d)
-    out = [stamp_line(res_doc, doc_dir, "allreduce_tcp"), "\n"]
+    out = []
     ranks = sorted({r["ranks"] for r in d["results"]})
     sizes = sorted({r["bytes"] for r in d["results"]})
     rows = []
@@ -146,13 +157,10 @@ def render_allreduce_tcp(doc_dir):
     return "".join(out)
 
 
-def render_allreduce_shm(doc_dir, section="allreduce_shm", only=None):
-    res_doc = load(section)
-    if res_doc is None:
-        return missing("shm")
+def shm_table(res_doc):
     d = res_doc["data"]
     res, ceil = rows_by(d)
-    out = [stamp_line(res_doc, doc_dir, section), "\n"]
+    out = []
     ranks = sorted({r["ranks"] for r in d["results"]})
     sizes = sorted({r["bytes"] for r in d["results"]})
     rows = []
@@ -172,13 +180,16 @@ def render_allreduce_shm(doc_dir, section="allreduce_shm", only=None):
     return "".join(out)
 
 
+render_allreduce_shm = stamped("allreduce_shm", "shm")(shm_table)
+
+
 def render_shm_colls(doc_dir):
     parts = []
     for coll in ("broadcast", "allgather"):
         if load(f"{coll}_shm") is None:
             return missing("shm-colls")
         parts.append(f"**{'Broadcast' if coll == 'broadcast' else 'All-gather'}**\n\n")
-        parts.append(render_allreduce_shm(doc_dir, f"{coll}_shm"))
+        parts.append(stamped(f"{coll}_shm", "shm-colls")(shm_table)(doc_dir))
         parts.append("\n")
     return "".join(parts).rstrip("\n") + "\n"
 
@@ -228,11 +239,9 @@ def node_best_other(runs, size):
         return None
     return min(others, key=lambda x: x[1][0]) if size <= SMALL else max(others, key=lambda x: x[1][1])
 
-def render_nodes(doc_dir):
-    res_doc = load("nodes")
-    if res_doc is None:
-        return missing("nodes")
-    out = [stamp_line(res_doc, doc_dir, "nodes"), "\n"]
+@stamped("nodes", "nodes")
+def render_nodes(res_doc):
+    out = []
     rows = []
     for key, title in NODE_RATES:
         d = res_doc["data"].get(key)
@@ -259,12 +268,10 @@ def render_nodes(doc_dir):
 
 # ---- kernels, point-to-point, torch, DDP, faults, algorithms -------------------------------------
 
-def render_kernels(doc_dir):
-    res_doc = load("kernels")
-    if res_doc is None:
-        return missing("kernels")
+@stamped("kernels", "kernels")
+def render_kernels(res_doc):
     d = res_doc["data"]
-    out = [stamp_line(res_doc, doc_dir, "kernels"), "\n"]
+    out = []
     rows = []
     for r in d["rows"]:
         if r["type"] != "float32" and r["op"] != "sum":  # every op of one type, every type's sum
@@ -278,11 +285,9 @@ def render_kernels(doc_dir):
     return "".join(out)
 
 
-def render_p2p(doc_dir):
-    res_doc = load("sendrecv")
-    if res_doc is None:
-        return missing("p2p")
-    out = [stamp_line(res_doc, doc_dir, "sendrecv"), "\n"]
+@stamped("sendrecv", "p2p")
+def render_p2p(res_doc):
+    out = []
     rows = []
     for r in res_doc["data"]["runs"]:
         rows.append([r["ranks"], us(r["small_us"]), f"{gbs(r['peak_gbs'])} ({human(r['peak_bytes'])})",
@@ -295,11 +300,9 @@ def render_p2p(doc_dir):
     return "".join(out)
 
 
-def render_torch(doc_dir):
-    res_doc = load("torch")
-    if res_doc is None:
-        return missing("torch")
-    out = [stamp_line(res_doc, doc_dir, "torch"), "\n"]
+@stamped("torch", "torch")
+def render_torch(res_doc):
+    out = []
     rows, ddp = [], []
     for run in res_doc["data"]:
         n = run["ranks"]
@@ -326,11 +329,9 @@ def render_torch(doc_dir):
     return "".join(out)
 
 
-def render_ddp(doc_dir):
-    res_doc = load("ddp_overlap")
-    if res_doc is None:
-        return missing("ddp")
-    out = [stamp_line(res_doc, doc_dir, "ddp_overlap"), "\n"]
+@stamped("ddp_overlap", "ddp")
+def render_ddp(res_doc):
+    out = []
     rows = []
     for r in res_doc["data"]["runs"]:
         m = r["median"]
@@ -345,11 +346,9 @@ def render_ddp(doc_dir):
     return "".join(out)
 
 
-def render_faults(doc_dir):
-    res_doc = load("faults")
-    if res_doc is None:
-        return missing("faults")
-    out = [stamp_line(res_doc, doc_dir, "faults"), "\n"]
+@stamped("faults", "faults")
+def render_faults(res_doc):
+    out = []
     rows = []
     for r in res_doc["data"]["rows"]:
         text = r["error"].replace("|", "\\|")
