@@ -33,7 +33,7 @@
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "loom/loom.hpp"
-#include "transport/socket.hpp"
+#include "net/socket.hpp"
 
 using namespace std::chrono_literals;
 using loom::DataType;

@@ -26,7 +26,7 @@
 #include "bootstrap/launcher_env.hpp"
 #include "bootstrap/tcp_store.hpp"
 #include "collectives/select.hpp"
-#include "core/flight_recorder.hpp"
+#include "comm/flight_recorder.hpp"
 #include "core/param.hpp"
 #include "core/signature.hpp"
 #include "core/topology.hpp"
@@ -35,9 +35,11 @@
 #include "loom/loom.h"
 #include "loom/loom.hpp"
 #include "loom_config.h"
+#include "net/interfaces.hpp"
 #include "settings_doc.hpp"
-#include "transport/interfaces.hpp"
 #include "transport/registry.hpp"
+#include "transport/shm/shm_transport.hpp"
+#include "transport/tcp/tcp_transport.hpp"
 
 namespace {
 
@@ -60,7 +62,7 @@ void printEnv() {
 
 void printAlgos() {
   using loom::coll::Coll;
-  const auto model = loom::coll::costModelFromEnv();
+  const auto model = loom::coll::costModelFor(loom::tcp::TcpTransport::linkProperties());
   const std::string forced = loom::coll::algoOverrideFromEnv();
   std::printf("Algorithm chosen per collective, message size (whole buffer) and world size\n");
   std::printf(

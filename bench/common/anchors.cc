@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "transport/interfaces.hpp"
-#include "transport/socket.hpp"
+#include "net/interfaces.hpp"
+#include "net/socket.hpp"
 
 namespace loom {
 namespace bench {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "transport/interfaces.hpp"
+#include "net/interfaces.hpp"
 
 namespace loom {
 namespace bench {

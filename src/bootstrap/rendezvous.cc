@@ -11,7 +11,7 @@
 #include "core/logging.hpp"
 #include "core/param.hpp"
 #include "core/status.hpp"
-#include "transport/interfaces.hpp"
+#include "net/interfaces.hpp"
 
 namespace loom {
 namespace {

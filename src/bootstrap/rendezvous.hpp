@@ -19,7 +19,7 @@
 #include "bootstrap/launcher_env.hpp"
 #include "bootstrap/store.hpp"
 #include "core/deadline.hpp"
-#include "transport/socket.hpp"
+#include "net/socket.hpp"
 
 namespace loom {
 

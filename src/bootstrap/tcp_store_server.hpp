@@ -12,7 +12,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
-#include "transport/socket.hpp"
+#include "net/socket.hpp"
 
 namespace loom {
 

@@ -55,7 +55,7 @@ RequestPtr Context::send(int peer, const void* p, size_t bytes, int channel) {
   l.channel = channel;
   l.send = true;
   l.bytes = bytes;
-  return comm_.postSend(peer, p, bytes, detail::collectiveTag(seq_, channel), l, sig_);
+  return comm_.postSend(peer, p, bytes, collectiveTag(seq_, channel), l, sig_);
 }
 
 RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel) {
@@ -71,7 +71,7 @@ RequestPtr Context::recv(int peer, void* p, size_t bytes, int channel, std::shar
   l.seq = seq_;
   l.channel = channel;
   l.bytes = bytes;
-  auto r = comm_.postRecv(peer, p, bytes, detail::collectiveTag(seq_, channel), l, sig_, std::move(consumer));
+  auto r = comm_.postRecv(peer, p, bytes, collectiveTag(seq_, channel), l, sig_, std::move(consumer));
   r->expectBytes = bytes;
   return r;
 }
@@ -124,9 +124,8 @@ size_t ringChunkBytes() {
   return v;
 }
 
-size_t ringChunkBytesFor(const std::string& transport) {
-  if (chunkBytesParamIsSet()) return ringChunkBytes();
-  return transport == "shm" ? kShmRingChunkBytes : kTcpRingChunkBytes;
+size_t ringChunkBytesFor(const LinkProperties& link) {
+  return chunkBytesParamIsSet() ? ringChunkBytes() : std::max<size_t>(4096, link.ringChunkBytes);
 }
 
 size_t treeChunkBytes() {
@@ -136,7 +135,7 @@ size_t treeChunkBytes() {
 
 // Read on every call (like LOOM_ALGO) so that a test can change them between collectives.
 bool ringChannelsSet() { return ringChannelsParamIsSet(); }
-int maxRingChannels() { return static_cast<int>(std::clamp<int64_t>(ringChannelsParam(), 1, detail::kMaxChannels)); }
+int maxRingChannels() { return static_cast<int>(std::clamp<int64_t>(ringChannelsParam(), 1, kMaxChannels)); }
 size_t ringChannelMinBytes() { return static_cast<size_t>(std::max<int64_t>(0, channelMinBytesParam())); }
 
 size_t Context::chunkElems(size_t elem) const { return std::max<size_t>(1, ringChunkBytes() / elem); }
@@ -151,7 +150,7 @@ size_t Context::treeChunkElems(size_t elem) const { return std::max<size_t>(1, t
 int Context::ringChannels(size_t bytes) const {
   // The communicator's model knows its links (one channel over shared memory: a single thread
   // drives them all, so more channels only add messages); without one, the tunables.
-  const int most = std::min(channelCount_, detail::kMaxChannels);
+  const int most = std::min(channelCount_, kMaxChannels);
   if (const coll::Selector* sel = comm_.selector())
     return planChannelCount(bytes, size(), std::min(most, sel->model().ringChannels), sel->model().channelMinBytes);
   return planChannelCount(bytes, size(), std::min(most, maxRingChannels()), ringChannelMinBytes());

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "collectives/comm_view.hpp"
 #include "collectives/plan.hpp"
-#include "core/comm_impl.hpp"
 #include "core/request.hpp"
+#include "loom/loom.hpp"
 
 namespace loom {
 namespace coll {
@@ -28,7 +29,7 @@ struct Args {
   /// All-to-all with counts per peer: send counts, send displacements, receive counts, receive
   /// displacements (elements), size() entries each, one after another. Null otherwise.
   std::shared_ptr<const std::vector<size_t>> counts;
-  /// The CUDA device the buffers are on, -1 for host memory (collectives/device_staging.hpp).
+  /// The CUDA device the buffers are on, -1 for host memory (comm/device_staging.hpp).
   int device = -1;
 };
 
@@ -37,7 +38,7 @@ class Context {
   /// `name` ("all_reduce") and `algo` ("ring") appear in timeout and error messages.
   /// `sig` (core/signature.hpp) goes with every message, so that ranks in different calls fail
   /// clearly; 0 for internal exchanges that are no user call.
-  Context(detail::CommImpl& comm, int64_t seq, const char* name, const char* algo, uint64_t sig = 0)
+  Context(CommView& comm, int64_t seq, const char* name, const char* algo, uint64_t sig = 0)
       : comm_(comm), seq_(seq), name_(name), algo_(algo), sig_(sig) {}
   /// A view of `parent` restricted to `members` (global ranks; this rank among them): rank(),
   /// size() and peers are then indices into `members`, so that any algorithm runs on the group.
@@ -48,16 +49,16 @@ class Context {
   int rank() const { return members_.empty() ? comm_.rank() : groupRank_; }
   int size() const { return members_.empty() ? comm_.size() : static_cast<int>(members_.size()); }
   int64_t seq() const { return seq_; }
-  /// The communicator (node map, selector).
-  const detail::CommImpl& comm() const { return comm_; }
+  /// The communicator as algorithms see it (node map, links, selector, arena).
+  const CommView& comm() const { return comm_; }
   const char* name() const { return name_; }
   /// The algorithm's name ("ring", "direct"), for messages.
   const char* algo() const { return algo_; }
   /// The call's signature (core/signature.hpp), 0 for internal exchanges.
   uint64_t signature() const { return sig_; }
-  /// The hang report for this collective (CommImpl::diagnose), for an algorithm's own timeouts.
+  /// The hang report for this collective (CommView::diagnose), for an algorithm's own timeouts.
   std::string diagnose() const { return comm_.diagnose(); }
-  /// What a long wait does now and then (CommImpl::check): answers dump requests, finds peers in
+  /// What a long wait does now and then (CommView::check): answers dump requests, finds peers in
   /// another call.
   void check() const { comm_.check(); }
 
@@ -93,7 +94,7 @@ class Context {
  private:
   int global(int peer) const { return members_.empty() ? peer : members_[static_cast<size_t>(peer)]; }
 
-  detail::CommImpl& comm_;
+  CommView& comm_;  // outlives the collective that made this context
   const int64_t seq_;
   const char* name_;
   const char* algo_;
@@ -101,17 +102,14 @@ class Context {
   std::vector<int> members_;  // empty: the whole communicator
   int groupRank_ = 0;
   int channelBase_ = 0;
-  int channelCount_ = detail::kMaxChannels;
+  int channelCount_ = kMaxChannels;
 };
 
 // The pipeline tunables, parsed and clamped once here for the algorithms and the cost model alike.
 size_t ringChunkBytes();  ///< LOOM_CHUNK_BYTES (read once)
-/// The ring's chunk on links of `transport` ("shm", "tcp"): LOOM_CHUNK_BYTES where set, else
-/// kShmRingChunkBytes over shared memory (chunks that stay in cache) and kTcpRingChunkBytes over
-/// sockets (fewer, larger sends; docs/performance.md).
-size_t ringChunkBytesFor(const std::string& transport);
-constexpr size_t kShmRingChunkBytes = 512 * 1024;
-constexpr size_t kTcpRingChunkBytes = 2 * 1024 * 1024;
+/// The ring's chunk on links like `link`: LOOM_CHUNK_BYTES where set, else the link's own
+/// (LinkProperties::ringChunkBytes; docs/performance.md).
+size_t ringChunkBytesFor(const LinkProperties& link);
 size_t treeChunkBytes();       ///< LOOM_TREE_CHUNK_BYTES (read once)
 int maxRingChannels();         ///< LOOM_RING_CHANNELS, 1 to kMaxChannels (read on every call)
 bool ringChannelsSet();        ///< whether LOOM_RING_CHANNELS is set (else defaults depend on the links)

@@ -37,12 +37,13 @@ Hierarchy hierarchyOf(const Context& c, int root) {
 
 Algo intraAlgo(const Context& c, Coll k, size_t bytes, int n) {
   const Selector* sel = c.comm().selector();
-  return sel != nullptr ? sel->pickIntra(k, bytes, n) : selectAlgo(k, bytes, n, costModelFromEnv("shm"), "");
+  return sel != nullptr ? sel->pickIntra(k, bytes, n) : selectAlgo(k, bytes, n, costModelFor(c.comm().nodeLink()), "");
 }
 
 Algo interAlgo(const Context& c, Coll k, size_t bytes, int n) {
   const Selector* sel = c.comm().selector();
-  return sel != nullptr ? sel->pickInter(k, bytes, n) : selectAlgo(k, bytes, n, costModelFromEnv("tcp"), "");
+  return sel != nullptr ? sel->pickInter(k, bytes, n)
+                        : selectAlgo(k, bytes, n, costModelFor(c.comm().slowestLink()), "");
 }
 
 void runReduce(Context& g, const Args& a, Algo algo) {

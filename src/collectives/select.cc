@@ -17,10 +17,6 @@ LOOM_PARAM_STR(algoParam, "LOOM_ALGO", "",
                "force algorithms: ring, rd, hd, dbtree, tree, chain, pairwise, hier (node-aware), direct (one node "
                "only), or per collective, e.g. allreduce:rd,broadcast:chain (default: the cost model's choice; "
                "loom-info --algos prints it)");
-LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 40, "cost model: microseconds per message over TCP");
-LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
-LOOM_PARAM_INT(shmLatencyParam, "LOOM_SHM_LATENCY_US", 2, "cost model: microseconds per message over shared memory");
-LOOM_PARAM_INT(shmBandwidthParam, "LOOM_SHM_MBPS", 5000, "cost model: MB/s per shared-memory link");
 LOOM_PARAM_INT(directMinParam, "LOOM_SHM_DIRECT_MIN_BYTES", 16 * 1024,
                "all-reduces of this many bytes and more (and the small ones of its one-barrier form), with every "
                "rank on one node, read the peers' data in place (the direct algorithm)");
@@ -129,18 +125,17 @@ size_t directMinBytesFromEnv() {
   return static_cast<size_t>(std::max<int64_t>(0, directMinParam()));
 }
 
-CostModel costModelFromEnv(const std::string& transport) {
+CostModel costModelFor(const LinkProperties& link) {
   CostModel m;
-  const bool shm = transport == "shm";
-  m.latencyUs = static_cast<double>(shm ? shmLatencyParam() : latencyParam());
-  m.gbps = static_cast<double>(std::max<int64_t>(1, shm ? shmBandwidthParam() : bandwidthParam())) / 1000.0;
+  m.latencyUs = link.latencyUs;
+  m.gbps = link.gbps;
   m.reduceGbps = static_cast<double>(std::max<int64_t>(1, reduceParam())) / 1000.0;
-  m.chunkBytes = ringChunkBytesFor(transport);
+  m.chunkBytes = ringChunkBytesFor(link);
   m.pipeChunkBytes = ringChunkBytes();
   m.treeChunkBytes = treeChunkBytes();
-  // Several rings help over TCP (more sockets in flight); over shared memory one thread drives
-  // every ring, so the default there is one.
-  m.ringChannels = shm && !ringChannelsSet() ? 1 : maxRingChannels();
+  // Several rings help where the link has several streams in flight (sockets); where one thread
+  // drives every link (shared memory), the default is one.
+  m.ringChannels = !link.parallelChannels && !ringChannelsSet() ? 1 : maxRingChannels();
   m.channelMinBytes = ringChannelMinBytes();
   return m;
 }

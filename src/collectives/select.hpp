@@ -1,8 +1,9 @@
 // Algorithm selection: a cost model time = latency x steps + bytes / bandwidth (+ the reduction
 // passes an algorithm cannot overlap with receiving) per algorithm, with the links' latency and
-// bandwidth (LOOM_TCP_LATENCY_US / LOOM_TCP_MBPS, LOOM_SHM_LATENCY_US / LOOM_SHM_MBPS, or what
-// LOOM_TUNE measured at init) and the reduction's speed (LOOM_REDUCE_MBPS), picks the algorithm
-// per call. LOOM_ALGO overrides it, for all collectives ("ring") or per collective
+// bandwidth (each transport's LinkProperties: LOOM_TCP_LATENCY_US / LOOM_TCP_MBPS,
+// LOOM_SHM_LATENCY_US / LOOM_SHM_MBPS, or what LOOM_TUNE measured at init) and the reduction's speed
+// (LOOM_REDUCE_MBPS), picks the algorithm per call. LOOM_ALGO overrides it, for all collectives ("ring") or per
+// collective
 // ("allreduce:rd,broadcast:chain"); an algorithm that does not exist for a collective is ignored
 // for it. `loom-info --algos` prints the table of choices.
 #pragma once
@@ -11,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "transport/link_properties.hpp"
 
 namespace loom {
 namespace coll {
@@ -45,9 +48,9 @@ struct CostModel {
 
 /// LOOM_SHM_DIRECT_MIN_BYTES (16 KiB unless set).
 size_t directMinBytesFromEnv();
-/// The model from the environment, for links of `transport` ("tcp": LOOM_TCP_LATENCY_US and
-/// LOOM_TCP_MBPS; "shm": LOOM_SHM_LATENCY_US and LOOM_SHM_MBPS).
-CostModel costModelFromEnv(const std::string& transport = "tcp");
+/// The model for links like `link` (their latency, bandwidth, chunk and channels; each transport
+/// reads its own settings, e.g. LOOM_TCP_LATENCY_US), with the tunables of the environment.
+CostModel costModelFor(const LinkProperties& link);
 /// Modelled microseconds of `algo` for `bytes` (the whole buffer) on `ranks` ranks.
 double modelUs(Coll c, Algo a, size_t bytes, int ranks, const CostModel& m);
 /// The algorithm for one call. `override` is LOOM_ALGO's text ("" for the model alone).

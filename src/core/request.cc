@@ -292,7 +292,7 @@ void Request::wait(std::chrono::milliseconds timeout) {
   Deadline deadline(timeout);
   if (queue_ && !done()) queue_->runQueued(this);
   if (!waitUntil(deadline.at())) {
-    // What every rank is doing, where they answer (the flight records, core/flight_recorder.hpp).
+    // What every rank is doing, where they answer (the flight records, comm/flight_recorder.hpp).
     // (Only for a collective's messages: a point-to-point wait is no collective's.)
     const bool collective = (label_.has_value() && label_->coll != nullptr) || diagnoseOnTimeout;
     ProgressHook* hook = progress_ ? progress_.get() : queue_.get();

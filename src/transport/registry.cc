@@ -3,8 +3,8 @@
 #include "core/format.hpp"
 #include "core/param.hpp"
 #include "core/status.hpp"
+#include "net/interfaces.hpp"
 #include "transport/cuda_ipc/cuda_ipc_transport.hpp"
-#include "transport/interfaces.hpp"
 #include "transport/shm/shm_transport.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 

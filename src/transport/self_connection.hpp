@@ -11,6 +11,17 @@
 
 namespace loom {
 
+/// A rank's link to itself: a copy.
+inline LinkProperties selfLinkProperties() {
+  LinkProperties p;
+  p.latencyUs = 0.1;
+  p.gbps = 1000;
+  p.ringChunkBytes = 512 * 1024;
+  p.parallelChannels = false;
+  p.readsInPlace = true;
+  return p;
+}
+
 class SelfConnection : public Connection {
  public:
   explicit SelfConnection(int rank) : rank_(rank) {}

@@ -25,6 +25,7 @@
 #include "bootstrap/store.hpp"
 #include "core/deadline.hpp"
 #include "core/request.hpp"
+#include "transport/link_properties.hpp"
 
 namespace loom {
 
@@ -70,7 +71,7 @@ struct LocalArena {
   std::vector<std::atomic<uint64_t>*> steps;
   std::vector<std::atomic<uint64_t>*> calls;    ///< 3 sets of 3 words each: sequence, bytes, signature
   std::vector<std::atomic<uint64_t>*> current;  ///< each rank's current call (publishCall / readCall)
-  /// Each rank's record of the device buffers of its collective (collectives/device_ipc.cc).
+  /// Each rank's record of the device buffers of its collective (comm/device_ipc.cc).
   std::vector<uint8_t*> deviceRecords;
   static constexpr size_t kDeviceRecordBytes = 512;
   /// One word the ranks of this arena that live in this process share, at one address. Each rank
@@ -126,6 +127,8 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
+  /// What this transport's links are like (link_properties.hpp): the layers above plan with these.
+  virtual LinkProperties properties() const = 0;
   /// Whether this transport can link this rank to `peer` (ctx.nodeOf is set). The registry gives
   /// each pair the first transport that can.
   virtual bool reaches(const TransportContext& ctx, int peer) const {

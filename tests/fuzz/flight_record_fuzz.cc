@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "core/flight_recorder.hpp"
+#include "comm/flight_recorder.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

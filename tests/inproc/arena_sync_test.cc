@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/context.hpp"
+#include "comm/comm_impl.hpp"
 #include "common/ranks.hpp"
 
 namespace {

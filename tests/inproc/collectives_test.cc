@@ -12,10 +12,10 @@
 #include <random>
 #include <thread>
 
+#include "comm/comm_impl.hpp"
 #include "common/collective_check.hpp"
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
-#include "core/comm_impl.hpp"
 #include "kernels/reduce.hpp"
 
 using loom::DataType;

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "collectives/context.hpp"
+#include "comm/comm_impl.hpp"
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
-#include "core/comm_impl.hpp"
 
 using loom::DataType;
 using loomtest::pattern;

@@ -7,11 +7,11 @@
 #include <cstring>
 #include <numeric>
 
+#include "comm/comm_impl.hpp"
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
-#include "core/comm_impl.hpp"
 #include "core/request.hpp"
-#include "transport/socket.hpp"
+#include "net/socket.hpp"
 
 using loom::DataType;
 using loomtest::pattern;

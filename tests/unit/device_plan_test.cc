@@ -2,7 +2,7 @@
 // scalar heads, 16-byte vectors and tails, and how staged device collectives cut into chunks.
 #include <gtest/gtest.h>
 
-#include "collectives/device_staging.hpp"
+#include "comm/device_staging.hpp"
 #include "kernels/vector_split.hpp"
 
 using loom::coll::Coll;

@@ -1,12 +1,12 @@
 // The flight recorder, the hang report built from every rank's record, and the dump signal's setting.
-#include "core/flight_recorder.hpp"
+#include "comm/flight_recorder.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <string>
 
-#include "core/dump_signal.hpp"
+#include "comm/dump_signal.hpp"
 #include "core/signature.hpp"
 
 using loom::FlightEntry;

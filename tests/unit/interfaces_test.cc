@@ -1,8 +1,8 @@
-#include "transport/interfaces.hpp"
+#include "net/interfaces.hpp"
 
 #include <gtest/gtest.h>
 
-#include "transport/socket.hpp"
+#include "net/socket.hpp"
 
 using loom::ifnameMatches;
 using loom::parseIfnameSpec;

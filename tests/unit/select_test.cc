@@ -6,6 +6,9 @@
 
 #include <cstdlib>
 
+#include "transport/shm/shm_transport.hpp"
+#include "transport/tcp/tcp_transport.hpp"
+
 using loom::coll::Algo;
 using loom::coll::Coll;
 using loom::coll::CostModel;
@@ -103,7 +106,8 @@ TEST(Selector, ResolvesTheOverridePerCollectiveOnce) {
 }
 
 TEST(Selector, SharedMemoryLinksHaveTheirOwnModel) {
-  const auto shm = loom::coll::costModelFromEnv("shm"), tcp = loom::coll::costModelFromEnv("tcp");
+  const auto shm = loom::coll::costModelFor(loom::shm::ShmTransport::linkProperties()),
+             tcp = loom::coll::costModelFor(loom::tcp::TcpTransport::linkProperties());
   EXPECT_LT(shm.latencyUs, tcp.latencyUs);
   EXPECT_GT(shm.gbps, tcp.gbps);
   loom::coll::Selector sel(shm, "");
@@ -114,7 +118,8 @@ TEST(Selector, SharedMemoryLinksHaveTheirOwnModel) {
 TEST(Selector, RingChunksAreLargerOverSocketsUnlessSet) {
   // Over TCP the ring cuts 2 MiB chunks (fewer, larger sends), over shared memory 512 KiB ones
   // (they stay in cache); the chain and tree pipelines keep LOOM_CHUNK_BYTES's default.
-  const auto shm = loom::coll::costModelFromEnv("shm"), tcp = loom::coll::costModelFromEnv("tcp");
+  const auto shm = loom::coll::costModelFor(loom::shm::ShmTransport::linkProperties()),
+             tcp = loom::coll::costModelFor(loom::tcp::TcpTransport::linkProperties());
   EXPECT_EQ(tcp.chunkBytes, size_t{2} << 20);
   EXPECT_EQ(shm.chunkBytes, size_t{512} << 10);
   EXPECT_EQ(tcp.pipeChunkBytes, size_t{512} << 10);
@@ -122,7 +127,8 @@ TEST(Selector, RingChunksAreLargerOverSocketsUnlessSet) {
 }
 
 TEST(Selector, NodeAwareWhenSeveralNodesHoldSeveralRanks) {
-  const auto tcp = loom::coll::costModelFromEnv("tcp"), shm = loom::coll::costModelFromEnv("shm");
+  const auto tcp = loom::coll::costModelFor(loom::tcp::TcpTransport::linkProperties()),
+             shm = loom::coll::costModelFor(loom::shm::ShmTransport::linkProperties());
   loom::coll::NodeShape shape;
   shape.nodes = 4;
   shape.maxLocal = 8;
@@ -147,7 +153,8 @@ TEST(Selector, NodeAwareWhenSeveralNodesHoldSeveralRanks) {
 // Nodes of equal size give large all-reduces the 2D form: only a slice per rank crosses the
 // network, every local rank working its links, which the model counts.
 TEST(Selector, EvenNodesMakeLargeNodeAwareAllReducesCheaper) {
-  const auto tcp = loom::coll::costModelFromEnv("tcp"), shm = loom::coll::costModelFromEnv("shm");
+  const auto tcp = loom::coll::costModelFor(loom::tcp::TcpTransport::linkProperties()),
+             shm = loom::coll::costModelFor(loom::shm::ShmTransport::linkProperties());
   loom::coll::NodeShape shape;
   shape.nodes = 2;
   shape.maxLocal = 2;
@@ -164,7 +171,7 @@ TEST(Selector, EvenNodesMakeLargeNodeAwareAllReducesCheaper) {
 }
 
 TEST(Selector, DirectAllReduceFromItsThresholdWhenEveryRankSharesTheArena) {
-  const auto shm = loom::coll::costModelFromEnv("shm");
+  const auto shm = loom::coll::costModelFor(loom::shm::ShmTransport::linkProperties());
   loom::coll::NodeShape shape;
   shape.intra = shm;
   shape.maxLocal = 4;

@@ -3,7 +3,7 @@
 // of its buffers for a collective (cudaIpcGetMemHandle of the allocation, plus the offset) in its
 // device record in the node's shared arena, and its peers map them (cudaIpcOpenMemHandle, cached
 // in an IpcMemCache, closed when the communicator goes) and read or write them in place with the
-// reduction and copy kernels (collectives/device_ipc.hpp). Ranks of one process use each other's
+// reduction and copy kernels (comm/device_ipc.hpp). Ranks of one process use each other's
 // pointers directly. Several ranks may share one GPU: nothing here asks for distinct devices.
 //
 // Host bytes between the same ranks (host-buffer collectives, send/recv, the records'
@@ -27,6 +27,12 @@ class CudaIpcTransport : public Transport {
   CudaIpcTransport() = default;
   ~CudaIpcTransport() override;
   const char* name() const override { return "cuda_ipc"; }
+  /// Shared memory's, and device buffers move between the node's GPUs without host staging.
+  LinkProperties properties() const override {
+    LinkProperties p = shm::ShmTransport::linkProperties();
+    p.deviceMemory = true;
+    return p;
+  }
   /// Peers the shared-memory transport reaches, when this process has a CUDA device.
   bool reaches(const TransportContext& ctx, int peer) const override;
   void publish(TransportContext& ctx) override { shm_.publish(ctx); }

@@ -35,6 +35,8 @@ std::shared_ptr<std::atomic<uint64_t>> processClockFor(const Nonce& commId) {
   return clock;
 }
 
+LOOM_PARAM_INT(latencyParam, "LOOM_SHM_LATENCY_US", 2, "cost model: microseconds per message over shared memory");
+LOOM_PARAM_INT(bandwidthParam, "LOOM_SHM_MBPS", 5000, "cost model: MB/s per shared-memory link");
 LOOM_PARAM_INT(ringBytesParam, "LOOM_SHM_RING_BYTES", 1 << 20,
                "bytes of each shared-memory ring (one per local peer and direction)");
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_SHM_EAGER_BYTES", 64 * 1024,
@@ -50,6 +52,16 @@ LOOM_PARAM_INT(cmaParam, "LOOM_SHM_CMA", 1,
 constexpr const char* kGaveUp = "error: ";
 
 }  // namespace
+
+LinkProperties ShmTransport::linkProperties() {
+  LinkProperties p;
+  p.latencyUs = static_cast<double>(latencyParam());
+  p.gbps = static_cast<double>(std::max<int64_t>(1, bandwidthParam())) / 1000.0;
+  p.ringChunkBytes = 512 * 1024;
+  p.parallelChannels = false;
+  p.readsInPlace = true;
+  return p;
+}
 
 ShmTransport::~ShmTransport() { stop(); }
 

@@ -32,6 +32,11 @@ class ShmTransport : public Transport {
   ShmTransport() = default;
   ~ShmTransport() override;
   const char* name() const override { return "shm"; }
+  LinkProperties properties() const override { return linkProperties(); }
+  /// Shared-memory links: LOOM_SHM_LATENCY_US and LOOM_SHM_MBPS for the cost model, 512 KiB ring
+  /// chunks (that stay in cache), one ring (one thread drives every link of the node), large
+  /// messages read in place from the sender's memory.
+  static LinkProperties linkProperties();
   bool reaches(const TransportContext& ctx, int peer) const override;
   void publish(TransportContext&) override {}
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;

@@ -40,7 +40,7 @@ constexpr size_t kMaxStreams = 16;
 // killed); the wait covers a peer that failed on this very link, and closed it first.
 constexpr std::chrono::milliseconds kLastWordWait(250);
 // The longest an ask can take: kLastWordWait, then the last store request's own limit (2 s,
-// kStoreNoteLimit in core/comm_impl.cc), with room to spare.
+// kStoreNoteLimit in comm/comm_impl.cc), with room to spare.
 constexpr std::chrono::milliseconds kLastWordAskBound(3000);
 constexpr int kMaxIov = 64;
 // What the receive thread may write inline (control frames, small replies) before it hands the

@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "core/progress_engine.hpp"
-#include "transport/socket.hpp"
+#include "net/socket.hpp"
 #include "transport/tcp/frame.hpp"
 #include "transport/transport.hpp"
 

@@ -17,13 +17,15 @@
 #include "core/logging.hpp"
 #include "core/param.hpp"
 #include "core/progress_engine.hpp"
-#include "transport/interfaces.hpp"
+#include "net/interfaces.hpp"
 #include "transport/tcp/tcp_connection.hpp"
 
 namespace loom {
 namespace tcp {
 namespace {
 
+LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 40, "cost model: microseconds per message over TCP");
+LOOM_PARAM_INT(bandwidthParam, "LOOM_TCP_MBPS", 1500, "cost model: MB/s per TCP link");
 LOOM_PARAM_INT(socketBufferBytes, "LOOM_SOCKET_BUFFER", 0,
                "SO_SNDBUF/SO_RCVBUF bytes of data sockets (0: the kernel's autotuning, usually best)");
 LOOM_PARAM_INT(readsPerEventParam, "LOOM_TCP_READS_PER_EVENT", 64,
@@ -113,6 +115,15 @@ void tune(int fd) {
 }
 
 }  // namespace
+
+LinkProperties TcpTransport::linkProperties() {
+  LinkProperties p;
+  p.latencyUs = static_cast<double>(latencyParam());
+  p.gbps = static_cast<double>(std::max<int64_t>(1, bandwidthParam())) / 1000.0;
+  p.ringChunkBytes = size_t{2} << 20;
+  p.parallelChannels = true;
+  return p;
+}
 
 class TcpTransport::StrayRejector : public PollHandler {
  public:

@@ -18,8 +18,8 @@
 #include <memory>
 #include <vector>
 
-#include "transport/interfaces.hpp"
-#include "transport/socket.hpp"
+#include "net/interfaces.hpp"
+#include "net/socket.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -32,6 +32,10 @@ class TcpTransport : public Transport {
   TcpTransport();
   ~TcpTransport() override;
   const char* name() const override { return "tcp"; }
+  LinkProperties properties() const override { return linkProperties(); }
+  /// Socket links: LOOM_TCP_LATENCY_US and LOOM_TCP_MBPS for the cost model, 2 MiB ring chunks
+  /// (fewer, larger sends), several rings in parallel.
+  static LinkProperties linkProperties();
   void publish(TransportContext& ctx) override;
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
 

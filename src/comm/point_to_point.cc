@@ -1,10 +1,10 @@
 // The point-to-point entry points of Communicator: single sends and receives, and groups of them
 // posted together; on host buffers straight to the transports, on device buffers through the
-// stream-ordered staging path (collectives/device_staging.hpp).
+// stream-ordered staging path (comm/device_staging.hpp).
 #include <atomic>
 
-#include "collectives/device_staging.hpp"
-#include "core/comm_impl.hpp"
+#include "comm/comm_impl.hpp"
+#include "comm/device_staging.hpp"
 #include "core/format.hpp"
 
 namespace loom {

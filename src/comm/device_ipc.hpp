@@ -28,7 +28,7 @@
 
 #include "collectives/context.hpp"
 #include "collectives/select.hpp"
-#include "core/comm_impl.hpp"
+#include "comm/comm_impl.hpp"
 #include "loom/loom.hpp"
 
 namespace loom {

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/comm_impl.hpp"
+#include "comm/comm_impl.hpp"
 #include "core/deadline.hpp"
 #include "device/runtime.hpp"
 #include "loom/loom.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/socket.hpp"
+#include "net/socket.hpp"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "core/flight_recorder.hpp"
+#include "comm/flight_recorder.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "transport/interfaces.hpp"
+#include "net/interfaces.hpp"
 
 #include <ifaddrs.h>
 #include <net/if.h>

@@ -1,4 +1,4 @@
-#include "core/dump_signal.hpp"
+#include "comm/dump_signal.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 #include <set>
 #include <thread>
 
-#include "core/comm_impl.hpp"
+#include "comm/comm_impl.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
 

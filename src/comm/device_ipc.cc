@@ -1,12 +1,12 @@
 // Collectives on device buffers through CUDA IPC (see device_ipc.hpp).
-#include "collectives/device_ipc.hpp"
+#include "comm/device_ipc.hpp"
 
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "collectives/arena_sync.hpp"
-#include "collectives/device_state.hpp"
+#include "comm/device_state.hpp"
 #include "core/format.hpp"
 #include "core/signature.hpp"
 #include "device/runtime.hpp"
@@ -241,7 +241,7 @@ bool deviceIpcUsable(const detail::CommImpl& c, Coll kind, bool varCounts) {
       static_cast<int>(ar->deviceRecords.size()) != c.size())
     return false;
   for (int r = 0; r < c.size(); ++r)
-    if (r != c.rank() && c.transportOf(r) != "cuda_ipc") return false;
+    if (r != c.rank() && !c.link(r).deviceMemory) return false;
   return true;
 }
 

@@ -1,5 +1,5 @@
 // Shared machinery of stream-ordered device operations (see device_state.hpp).
-#include "collectives/device_state.hpp"
+#include "comm/device_state.hpp"
 
 #include <chrono>
 #include <thread>

@@ -3,8 +3,8 @@
 
 #include "bootstrap/launcher_env.hpp"
 #include "bootstrap/rendezvous.hpp"
-#include "collectives/tune.hpp"
-#include "core/comm_impl.hpp"
+#include "comm/comm_impl.hpp"
+#include "comm/tune.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"

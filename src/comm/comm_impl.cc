@@ -1,4 +1,4 @@
-#include "core/comm_impl.hpp"
+#include "comm/comm_impl.hpp"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "collectives/plan.hpp"
-#include "core/dump_signal.hpp"
+#include "comm/dump_signal.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
@@ -144,7 +144,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   // 3. Connect to every peer with the first transport that reaches it (shared memory within a
   // node, then the network). Every rank runs the transports in the same order, and each one's
   // setup waits only on the peers it connects, so no two ranks wait on each other crosswise.
-  ctx.nodeOf = nodeOf_;
+  ctx.nodeOf = nodes_.nodeOf;
   std::vector<std::vector<int>> peersOf(transports_.size());
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
@@ -163,13 +163,27 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   }
   conns_.resize(static_cast<size_t>(size));
   transportOf_.assign(static_cast<size_t>(size), "self");
+  links_.assign(static_cast<size_t>(size), selfLinkProperties());
   for (size_t t = 0; t < transports_.size(); ++t) {
     if (peersOf[t].empty()) continue;
     auto conns = transports_[t]->connect(ctx, peersOf[t]);
     for (size_t i = 0; i < peersOf[t].size(); ++i) {
       conns_[static_cast<size_t>(peersOf[t][i])] = std::move(conns[i]);
       transportOf_[static_cast<size_t>(peersOf[t][i])] = transports_[t]->name();
+      links_[static_cast<size_t>(peersOf[t][i])] = transports_[t]->properties();
     }
+  }
+  // The link two ranks of one node would get, decided alike on every rank (a rank alone on its
+  // node included): the first transport that reaches a peer when every rank shares this node.
+  nodeLink_ = selfLinkProperties();
+  if (size > 1) {
+    TransportContext oneNode = ctx;
+    oneNode.nodeOf.assign(static_cast<size_t>(size), 0);
+    for (const auto& t : transports_)
+      if (t->reaches(oneNode, (rank + 1) % size)) {
+        nodeLink_ = t->properties();
+        break;
+      }
   }
   conns_[static_cast<size_t>(rank)] = std::make_unique<SelfConnection>(rank);
 
@@ -225,23 +239,18 @@ void CommImpl::mapNodes(Store& store, const Deadline& deadline) {
     auto v = store.get("machine/" + std::to_string(r), deadline);
     if (v && std::string(v->begin(), v->end()) == myMachine) ++ranksOnThisMachine_;
   }
-  nodeOf_.assign(static_cast<size_t>(size_), -1);
-  nodeRanks_.clear();
+  nodes_.nodeOf.assign(static_cast<size_t>(size_), -1);
+  nodes_.ranks.clear();
   for (int r = 0; r < size_; ++r) {
-    if (nodeOf_[static_cast<size_t>(r)] >= 0) continue;
-    const int node = static_cast<int>(nodeRanks_.size());
-    nodeRanks_.emplace_back();
+    if (nodes_.nodeOf[static_cast<size_t>(r)] >= 0) continue;
+    const int node = nodes_.count();
+    nodes_.ranks.emplace_back();
     for (int q = r; q < size_; ++q)
       if (keys[static_cast<size_t>(q)] == keys[static_cast<size_t>(r)]) {
-        nodeOf_[static_cast<size_t>(q)] = node;
-        nodeRanks_.back().push_back(q);
+        nodes_.nodeOf[static_cast<size_t>(q)] = node;
+        nodes_.ranks.back().push_back(q);
       }
   }
-}
-
-int CommImpl::localRank() const {
-  const auto& local = ranksOnNode(nodeOf(rank_));
-  return static_cast<int>(std::find(local.begin(), local.end(), rank_) - local.begin());
 }
 
 CommImpl::~CommImpl() {

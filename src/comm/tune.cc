@@ -1,4 +1,4 @@
-#include "collectives/tune.hpp"
+#include "comm/tune.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -80,14 +80,9 @@ void measurePair(Context& c, int partner, double* latencyUs, double* usPerByte) 
 
 void tuneLinksIfAsked(detail::CommImpl& comm) {
   measureLinksIfAsked(comm);
-  // The selector, once: the cost model of the slowest kind of link the communicator has (a flat
+  // The selector, once: the cost model of the slowest link the communicator has (a flat
   // algorithm runs at the pace of its slowest link), or the measured figures.
-  std::string slowest = "shm", within = "shm";
-  for (int p = 0; p < comm.size(); ++p) {
-    if (comm.transportOf(p) == "tcp") slowest = "tcp";
-    if (comm.transportOf(p) == "tcp" && comm.nodeOf(p) == comm.nodeOf(comm.rank())) within = "tcp";
-  }
-  CostModel model = costModelFromEnv(slowest);
+  CostModel model = costModelFor(comm.slowestLink());
   // Between hosts, one ring: a second one runs the other way, so each host's link carries two
   // TCP flows that share it unevenly, and the slower sets the pace. Within a host they help over
   // loopback (docs/performance.md, "Why the defaults").
@@ -109,7 +104,7 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   shape.evenNodes = true;
   for (int k = 0; k < comm.nodeCount(); ++k)
     shape.evenNodes = shape.evenNodes && static_cast<int>(comm.ranksOnNode(k).size()) == shape.maxLocal;
-  shape.intra = costModelFromEnv(within);
+  shape.intra = costModelFor(comm.nodeLink());
   const LocalArena* arena = comm.arena();
   shape.direct = arena != nullptr && static_cast<int>(arena->ranks.size()) == comm.size() && comm.size() > 1;
   shape.directMinBytes = directMinBytesFromEnv();

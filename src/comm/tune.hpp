@@ -8,7 +8,7 @@
 // communicator; off by default so that algorithm choices stay reproducible between runs.
 #pragma once
 
-#include "core/comm_impl.hpp"
+#include "comm/comm_impl.hpp"
 
 namespace loom {
 namespace coll {

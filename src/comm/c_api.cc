@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/comm_impl.hpp"
+#include "comm/comm_impl.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "loom/loom.h"

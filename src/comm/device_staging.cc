@@ -1,12 +1,12 @@
 // Collectives on device buffers through pinned host staging (see device_staging.hpp).
-#include "collectives/device_staging.hpp"
+#include "comm/device_staging.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <map>
 #include <thread>
 
-#include "collectives/device_state.hpp"
+#include "comm/device_state.hpp"
 #include "core/deadline.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"

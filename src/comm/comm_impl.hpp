@@ -18,9 +18,10 @@
 #include <vector>
 
 #include "bootstrap/rendezvous.hpp"
-#include "core/flight_recorder.hpp"
+#include "collectives/comm_view.hpp"
+#include "comm/flight_recorder.hpp"
+#include "comm/op_queue.hpp"
 #include "core/function_ref.hpp"
-#include "core/op_queue.hpp"
 #include "core/progress_engine.hpp"
 #include "core/request.hpp"
 #include "loom/loom.hpp"
@@ -32,15 +33,8 @@ class Selector;
 }
 namespace detail {
 
-/// Tags at or above kCollectiveTagBit (transport.hpp) belong to collectives; user tags stay below.
-/// A collective's tag also carries its channel (bits 28-30), so that the channels of one collective
-/// never match each other's messages, and the low 28 bits of its sequence number (collectives in
-/// flight at once are far fewer than 2^28 apart).
-using loom::kCollectiveTagBit;
-constexpr int kMaxChannels = 8;
-inline uint32_t collectiveTag(int64_t seq, int channel = 0) {
-  return kCollectiveTagBit | (static_cast<uint32_t>(channel) & 7u) << 28 | static_cast<uint32_t>(seq & 0x0fffffff);
-}
+using coll::collectiveTag;  // the collectives' tag space (collectives/comm_view.hpp)
+using coll::kMaxChannels;
 
 /// What the cost model knows about this communicator's links, when measured (LOOM_TUNE).
 struct LinkModel {
@@ -48,7 +42,7 @@ struct LinkModel {
   double gbps = 0;       ///< GB/s one way
 };
 
-class CommImpl : public Progressable {
+class CommImpl : public Progressable, public coll::CommView {
  public:
   /// Joins the communicator: blocks until every rank has joined and every link is up, or throws.
   CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin);
@@ -56,10 +50,10 @@ class CommImpl : public Progressable {
   CommImpl(const CommImpl&) = delete;
   CommImpl& operator=(const CommImpl&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   const std::string& name() const { return name_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
 
   // ---- User point-to-point (validates arguments; throws Error). ----
   RequestPtr isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag);
@@ -87,15 +81,16 @@ class CommImpl : public Progressable {
   // ---- For algorithms: byte-level messages on the collective tag space. ----
   RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what);
   RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what);
-  RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig = 0);
+  RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label,
+                      uint64_t sig = 0) override;
   /// `consumer` (may be null) takes the bytes as they land (core/receive_consumer.hpp).
   RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig = 0,
-                      std::shared_ptr<ReceiveConsumer> consumer = nullptr);
+                      std::shared_ptr<ReceiveConsumer> consumer = nullptr) override;
 
   /// Scratch memory for collectives, `slot` 0 to kScratchSlots-1. Only collectives use it, and they
   /// run one at a time on the op queue, so no lock is needed. Grows, never shrinks.
   static constexpr int kScratchSlots = 3;
-  uint8_t* scratch(size_t bytes, int slot);
+  uint8_t* scratch(size_t bytes, int slot) override;
 
   // ---- Progress driven by waiting threads (Progressable). ----
   bool pollPeer(int peer) noexcept override;
@@ -114,9 +109,9 @@ class CommImpl : public Progressable {
   void enterCall(int64_t seq, uint64_t sig, const char* algo);
   /// The first local peer in collective `seq` with a signature other than `sig`, as an error;
   /// success when there is none (or no shared arena).
-  Status localCallMismatch(int64_t seq, uint64_t sig) const;
+  Status localCallMismatch(int64_t seq, uint64_t sig) const override;
 
-  // ---- Hang diagnosis (core/flight_recorder.hpp). ----
+  // ---- Hang diagnosis (comm/flight_recorder.hpp). ----
   /// Gathers the ranks' flight records through the store (those waiting in Loom answer within a
   /// second or two) and returns the report for the collective this rank is in ("" when none).
   std::string diagnose() noexcept override;
@@ -124,7 +119,7 @@ class CommImpl : public Progressable {
   /// The report for collective `seq` from whatever records answer within `waitFor`.
   std::string hangReport(int64_t seq, std::chrono::milliseconds waitFor);
   const FlightRecorder& flightRecorder() const { return flight_; }
-  /// What a dump signal prints (core/dump_signal.hpp): this rank's recent collectives and, inside
+  /// What a dump signal prints (comm/dump_signal.hpp): this rank's recent collectives and, inside
   /// one, the hang report.
   std::string dumpText();
   /// Runs collective `seq` and records in the flight recorder whether it finished or failed.
@@ -136,18 +131,15 @@ class CommImpl : public Progressable {
   void leaveRecord() noexcept;
 
   // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
-  int nodeCount() const { return static_cast<int>(nodeRanks_.size()); }
-  int nodeOf(int rank) const { return nodeOf_[static_cast<size_t>(rank)]; }
-  /// The ranks on `node`, ascending.
-  const std::vector<int>& ranksOnNode(int node) const { return nodeRanks_[static_cast<size_t>(node)]; }
-  int localRank() const;
-  int localSize() const { return static_cast<int>(ranksOnNode(nodeOf(rank_)).size()); }
+  const NodeMap& nodes() const override { return nodes_; }
 
-  /// The transport linking this rank to `peer` ("shm", "tcp"; "self" for this rank).
+  /// The name of the transport linking this rank to `peer` ("self" for this rank), for logs.
   const std::string& transportOf(int peer) const { return transportOf_[static_cast<size_t>(peer)]; }
+  const LinkProperties& link(int peer) const override { return links_[static_cast<size_t>(peer)]; }
+  const LinkProperties& nodeLink() const override { return nodeLink_; }
   std::string describeLink(int peer) const { return conns_[static_cast<size_t>(peer)]->describe(); }
   /// The node's shared arena (shared-memory transport), or nullptr.
-  const LocalArena* arena() const {
+  const LocalArena* arena() const override {
     for (const auto& t : transports_)
       if (const LocalArena* a = t->arena()) return a;
     return nullptr;
@@ -161,11 +153,11 @@ class CommImpl : public Progressable {
     return nullptr;
   }
 
-  // ---- Cost model inputs measured at init (collectives/tune.hpp); unset unless LOOM_TUNE. ----
+  // ---- Cost model inputs measured at init (comm/tune.hpp); unset unless LOOM_TUNE. ----
   void setLink(const LinkModel& m) { link_ = m; }
-  /// The collectives' algorithm selector, set once right after joining (collectives/tune.cc).
+  /// The collectives' algorithm selector, set once right after joining (comm/tune.cc).
   void setSelector(std::shared_ptr<const coll::Selector> s) { selector_ = std::move(s); }
-  const coll::Selector* selector() const { return selector_.get(); }
+  const coll::Selector* selector() const override { return selector_.get(); }
   const std::optional<LinkModel>& link() const { return link_; }
 
   // ---- Recovery. ----
@@ -176,7 +168,7 @@ class CommImpl : public Progressable {
   StoreAccess shrinkAccess(std::chrono::milliseconds wait, int* newRank, int* newSize);
   const Options& options() const { return options_; }
 
-  /// The state of collectives on device buffers (collectives/device_staging.cc): made by `make`
+  /// The state of collectives on device buffers (comm/device_staging.cc): made by `make`
   /// on first use, then the same for the communicator's lifetime.
   std::shared_ptr<void> deviceState(const std::function<std::shared_ptr<void>()>& make);
 
@@ -184,7 +176,7 @@ class CommImpl : public Progressable {
   void abort();
   /// Throws the failure that marked this communicator failed, if any.
   void checkOk() const;
-  std::shared_ptr<FailureState> failureState() const { return failure_; }
+  std::shared_ptr<FailureState> failureState() const override { return failure_; }
   /// Throws InvalidArgument unless peer names a rank.
   void checkPeer(int peer, const char* what) const;
   /// Throws InvalidArgument for an unknown type, a null buffer with count > 0 or an overflowing size.
@@ -215,6 +207,8 @@ class CommImpl : public Progressable {
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<std::unique_ptr<Connection>> conns_;  // by rank
   std::vector<std::string> transportOf_;            // by rank
+  std::vector<LinkProperties> links_;               // by rank
+  LinkProperties nodeLink_;
   std::unique_ptr<OpQueue> queue_;
   std::atomic<int64_t> nextSeq_{0};
   std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
@@ -229,11 +223,9 @@ class CommImpl : public Progressable {
   std::optional<LinkModel> link_;
   std::shared_ptr<const coll::Selector> selector_;
   std::mutex deviceMu_;
-  std::shared_ptr<void> deviceState_;  // collectives/device_staging.cc
+  std::shared_ptr<void> deviceState_;  // comm/device_staging.cc
   int ranksOnThisMachine_ = 1;         // ranks whose boot id is this rank's (network namespaces split nodes)
-  std::vector<int> nodeOf_;            // by rank: index of its node, numbered by lowest rank
-  std::vector<std::vector<int>>
-      nodeRanks_;  // by node: its ranks  // set once, right after joining, before any user call
+  NodeMap nodes_;                      // set once while joining, before any user call
 };
 
 }  // namespace detail

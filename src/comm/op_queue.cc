@@ -1,4 +1,4 @@
-#include "core/op_queue.hpp"
+#include "comm/op_queue.hpp"
 
 #include "core/logging.hpp"
 

@@ -1,9 +1,9 @@
 // Entry points of the collectives: argument checks, algorithm choice, and ordered execution on
 // the communicator's op queue (inline when the queue is idle and the call is blocking).
 #include "collectives/context.hpp"
-#include "collectives/device_ipc.hpp"
-#include "collectives/device_staging.hpp"
 #include "collectives/select.hpp"
+#include "comm/device_ipc.hpp"
+#include "comm/device_staging.hpp"
 #include "core/format.hpp"
 #include "core/signature.hpp"
 
@@ -50,15 +50,15 @@ void checkOverlap(const detail::CommImpl& c, const void* a, size_t aBytes, const
 
 // The algorithm a collective of `bytes` in all runs with on this communicator.
 Algo chooseAlgo(const detail::CommImpl& c, Coll kind, size_t bytes) {
-  Algo algo = c.selector() != nullptr
-                  ? c.selector()->pick(kind, bytes, c.size())
-                  : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFromEnv(), coll::algoOverrideFromEnv());
+  Algo algo = c.selector() != nullptr ? c.selector()->pick(kind, bytes, c.size())
+                                      : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFor(c.slowestLink()),
+                                                         coll::algoOverrideFromEnv());
   // Forced node-aware on a communicator where it is the flat algorithm anyway (one node, or one
   // rank per node), or direct where the ranks share no arena: the model's flat choice.
   if ((algo == Algo::Hierarchical && (c.selector() == nullptr || !c.selector()->hierarchical())) ||
       (algo == Algo::Direct && (c.selector() == nullptr || !c.selector()->direct())))
     algo = coll::selectAlgo(kind, bytes, c.size(),
-                            c.selector() != nullptr ? c.selector()->model() : coll::costModelFromEnv(), "");
+                            c.selector() != nullptr ? c.selector()->model() : coll::costModelFor(c.slowestLink()), "");
   return algo;
 }
 
