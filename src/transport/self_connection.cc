@@ -6,11 +6,9 @@
 
 namespace loom {
 
-void SelfConnection::match(const Op& send, const Op& recv) {
+void SelfConnection::match(const Op& send, const Op& recv, uint32_t tag) const {
   if (send.bytes > recv.bytes) {
-    Status s = Status::error(ErrorCode::InvalidUsage,
-                             strFormat("message of %zu bytes to self is larger than the receive buffer of %zu bytes",
-                                       send.bytes, recv.bytes));
+    Status s = truncationError(rank_, tag, send.bytes, recv.bytes);
     send.req->fail(s);
     recv.req->fail(s);
     return;
@@ -24,14 +22,10 @@ void SelfConnection::isend(const RequestPtr& req, const void* buf, size_t bytes,
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return req->fail(closedStatus_);
   Op op{req, const_cast<void*>(buf), bytes};
-  auto it = recvs_.find(tag);
-  if (it != recvs_.end()) {
-    Op r = it->second.front();
-    it->second.pop_front();
-    if (it->second.empty()) recvs_.erase(it);
-    match(op, r);
+  if (auto r = matcher_.takeRecv(tag)) {
+    match(op, *r, tag);
   } else {
-    sends_[tag].push_back(op);
+    matcher_.keep(tag, op);
   }
 }
 
@@ -39,14 +33,10 @@ void SelfConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint3
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return req->fail(closedStatus_);
   Op op{req, buf, bytes};
-  auto it = sends_.find(tag);
-  if (it != sends_.end()) {
-    Op s = it->second.front();
-    it->second.pop_front();
-    if (it->second.empty()) sends_.erase(it);
-    match(s, op);
+  if (auto s = matcher_.takeMessage(tag)) {
+    match(*s, op, tag);
   } else {
-    recvs_[tag].push_back(op);
+    matcher_.post(tag, op);
   }
 }
 
@@ -55,11 +45,9 @@ void SelfConnection::failAll(const Status& status) noexcept {
   if (closed_) return;
   closed_ = true;
   closedStatus_ = status;
-  for (auto* m : {&sends_, &recvs_})
-    for (auto& [tag, q] : *m)
-      for (auto& op : q) op.req->fail(status);
-  sends_.clear();
-  recvs_.clear();
+  for (auto& op : matcher_.takeAllPosted()) op.req->fail(status);
+  matcher_.forEachKept([&status](const Op& op) { op.req->fail(status); });
+  matcher_.dropKeptIf([](const Op&) { return true; });
 }
 
 std::string SelfConnection::describe() const { return strFormat("rank %d <-> itself: in-process copy", rank_); }

@@ -3,10 +3,9 @@
 // is then copied straight into it, so it completes only once a receive is posted.
 #pragma once
 
-#include <deque>
-#include <map>
 #include <mutex>
 
+#include "transport/matching.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -37,12 +36,11 @@ class SelfConnection : public Connection {
     void* buf;
     size_t bytes;
   };
-  static void match(const Op& send, const Op& recv);
+  void match(const Op& send, const Op& recv, uint32_t tag) const;
 
   const int rank_;
   std::mutex mu_;
-  std::map<uint32_t, std::deque<Op>> sends_;
-  std::map<uint32_t, std::deque<Op>> recvs_;
+  TagMatcher<Op, Op> matcher_;  // receives, and sends waiting for one
   bool closed_ = false;
   Status closedStatus_;
 };

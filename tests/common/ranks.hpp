@@ -44,20 +44,21 @@ class PerRankOptions {
 /// How the ranks of a test are linked: "shm" (all on one node: shared memory, the default; with
 /// a device runtime, CUDA IPC for device buffers), "noipc" (the same without CUDA IPC:
 /// LOOM_TRANSPORT=^cuda_ipc), "tcp" (LOOM_TRANSPORT=tcp), "mixed" (two "nodes" by host identity, even and odd ranks:
-/// shared memory within each, TCP between), "mixed3" (three such nodes, r % 3). Sets it up for the object's lifetime.
+/// shared memory within each, TCP between), "mixed3" (three such nodes, r % 3); any other name is
+/// a transport of the registry, alone (LOOM_TRANSPORT=<name>). Sets it up for the object's lifetime.
 class TransportSetup {
  public:
   explicit TransportSetup(const std::string& mode) {
-    if (mode == "tcp" || mode == "noipc") {
-      const char* old = std::getenv("LOOM_TRANSPORT");
-      hadOld_ = old != nullptr;
-      if (hadOld_) old_ = old;
-      setenv("LOOM_TRANSPORT", mode == "tcp" ? "tcp" : "^cuda_ipc", 1);
-      restoreEnv_ = true;
-    } else if (mode == "mixed") {
+    if (mode == "mixed") {
       perRank_.emplace([](int r, loom::Options& o) { o.hostId = r % 2 == 0 ? "even-node" : "odd-node"; });
     } else if (mode == "mixed3") {
       perRank_.emplace([](int r, loom::Options& o) { o.hostId = "node-" + std::to_string(r % 3); });
+    } else if (mode != "shm") {
+      const char* old = std::getenv("LOOM_TRANSPORT");
+      hadOld_ = old != nullptr;
+      if (hadOld_) old_ = old;
+      setenv("LOOM_TRANSPORT", mode == "noipc" ? "^cuda_ipc" : mode.c_str(), 1);
+      restoreEnv_ = true;
     }
   }
   ~TransportSetup() {
@@ -76,6 +77,11 @@ class TransportSetup {
   std::string old_;
   std::optional<PerRankOptions> perRank_;
 };
+
+/// The links every transport must pass the conformance tests over (tests/inproc/conformance_test.cc
+/// and the link-parameterised point-to-point tests): a new transport proves itself by adding its
+/// name here.
+inline const char* const kConformanceLinks[] = {"shm", "tcp", "mixed"};
 
 struct RankResult {
   std::string error;

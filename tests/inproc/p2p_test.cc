@@ -69,7 +69,7 @@ INSTANTIATE_TEST_SUITE_P(Mixed, WorldSize, ::testing::Combine(::testing::Values(
 
 // The point-to-point cases below run over each kind of link.
 class P2PLinks : public ::testing::TestWithParam<const char*> {};
-INSTANTIATE_TEST_SUITE_P(Links, P2PLinks, ::testing::Values("shm", "tcp", "mixed"),
+INSTANTIATE_TEST_SUITE_P(Links, P2PLinks, ::testing::ValuesIn(loomtest::kConformanceLinks),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST_P(P2PLinks, LargeBothDirectionsAtOnce) {

@@ -38,14 +38,6 @@ ShmConnection::ShmConnection(int rank, int peer, RingView in, RingView out, Segm
       description_(std::move(description)),
       cma_(options.cma) {}
 
-Status ShmConnection::truncation(size_t message, uint32_t tag, size_t capacity) const {
-  return Status::error(ErrorCode::InvalidUsage,
-                       strFormat("message of %zu bytes from rank %d (tag %u) is larger than the receive buffer of "
-                                 "%zu bytes: post a receive as large as the message",
-                                 message, peer_, tag, capacity),
-                       peer_);
-}
-
 Status ShmConnection::malformed(const std::string& why) const {
   return Status::error(
       ErrorCode::Remote,
@@ -153,20 +145,18 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   std::unique_lock<std::mutex> in(inMu_);
   // Unexpected messages in arrival order; the first with this tag matches. On a closed link too:
   // what the peer sent before it went stays for its receive (failLocked).
-  auto it = std::find_if(unexpected_.begin(), unexpected_.end(),
-                         [tag](const std::shared_ptr<Unexpected>& x) { return x->frame.tag == tag; });
-  if (closed_ && it == unexpected_.end()) return req->fail(closedStatus_);
+  std::optional<std::shared_ptr<Unexpected>> kept = matcher_.takeMessage(tag);
+  if (closed_ && !kept) return req->fail(closedStatus_);
   auto op = std::make_shared<RecvOp>();
   op->req = req;
   op->buf = static_cast<uint8_t*>(buf);
   op->capacity = bytes;
   op->tag = tag;
-  if (it == unexpected_.end()) {
-    posted_.push_back(std::move(op));
+  if (!kept) {
+    matcher_.post(tag, std::move(op));
     return;
   }
-  std::shared_ptr<Unexpected> u = std::move(*it);
-  unexpected_.erase(it);
+  std::shared_ptr<Unexpected> u = std::move(*kept);
   const size_t message = static_cast<size_t>(u->frame.bytes);
   if (!signaturesAgree(req->signature, u->frame.sig)) {
     // A message of another call: this receive fails; an announced one is refused.
@@ -181,7 +171,7 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   }
   if (u->frame.type == static_cast<uint8_t>(FrameType::Rts)) {
     if (message > bytes) {
-      req->fail(truncation(message, tag, bytes));
+      req->fail(truncationError(peer_, tag, message, bytes));
       in.unlock();
       sendControl(FrameType::Nack, u->frame.seq);
       return;
@@ -196,7 +186,7 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
     return;
   }
   if (message > bytes) {
-    req->fail(truncation(message, tag, bytes));
+    req->fail(truncationError(peer_, tag, message, bytes));
     return;
   }
   op->bytes = message;
@@ -357,9 +347,8 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
       const bool eager = type == FrameType::Eager;
       if (eager && f.bytes > kMaxEagerBytes) return malformed("eager message larger than the protocol allows");
       if (!eager && f.addr == 0) return malformed("large message without an address");
-      auto pit = std::find_if(posted_.begin(), posted_.end(),
-                              [&f](const std::shared_ptr<RecvOp>& x) { return x->tag == f.tag; });
-      if (pit == posted_.end()) {
+      std::optional<std::shared_ptr<RecvOp>> posted = matcher_.takeRecv(f.tag);
+      if (!posted) {
         auto u = std::make_shared<Unexpected>();
         u->frame = f;
         if (eager) {
@@ -374,15 +363,14 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
         } else {
           u->complete = true;
         }
-        unexpected_.push_back(std::move(u));
+        matcher_.keep(f.tag, std::move(u));
         return Status::success();
       }
-      std::shared_ptr<RecvOp> op = std::move(*pit);
-      posted_.erase(pit);
+      std::shared_ptr<RecvOp> op = std::move(*posted);
       const size_t message = static_cast<size_t>(f.bytes);
       const bool agree = signaturesAgree(op->req->signature, f.sig);
       if (!agree || message > op->capacity) {
-        op->req->fail(agree ? truncation(message, f.tag, op->capacity)
+        op->req->fail(agree ? truncationError(peer_, f.tag, message, op->capacity)
                             : signatureMismatch(peer_, f.sig, rank_, op->req->signature));
         if (eager) {
           if (message > 0) {
@@ -563,12 +551,12 @@ void ShmConnection::checkPeer() noexcept {
 }
 
 bool ShmConnection::hasPendingLocked() const {
-  if (cmaBusy_ || !posted_.empty() || !incoming_.empty() || !cmaJobs_.empty() || !outq_.empty() || !awaiting_.empty() ||
-      sink_ != Sink::None)
+  if (cmaBusy_ || matcher_.anyPosted() || !incoming_.empty() || !cmaJobs_.empty() || !outq_.empty() ||
+      !awaiting_.empty() || sink_ != Sink::None)
     return true;
-  for (const auto& u : unexpected_)
-    if (u->claimedBy) return true;
-  return false;
+  bool claimed = false;
+  matcher_.forEachKept([&claimed](const std::shared_ptr<Unexpected>& u) { claimed = claimed || u->claimedBy; });
+  return claimed;
 }
 
 void ShmConnection::failFrom(const Status& st) noexcept {
@@ -597,18 +585,15 @@ bool ShmConnection::failLocked(const Status& st, bool record) {
     if (!r->done()) any = true;
     r->fail(st);
   };
-  for (auto& op : posted_) failReq(op->req);
-  posted_.clear();
-  for (auto& u : unexpected_)
+  for (auto& op : matcher_.takeAllPosted()) failReq(op->req);
+  matcher_.forEachKept([&failReq](const std::shared_ptr<Unexpected>& u) {
     if (u->claimedBy) failReq(u->claimedBy->req);
+  });
   // Eager messages fully received stay: a peer that closed cleanly right after its last send (the
   // last step of a barrier) has delivered it, and the receive may not be posted yet.
-  unexpected_.erase(std::remove_if(unexpected_.begin(), unexpected_.end(),
-                                   [](const std::shared_ptr<Unexpected>& u) {
-                                     return !u->complete || u->claimedBy ||
-                                            u->frame.type != static_cast<uint8_t>(FrameType::Eager);
-                                   }),
-                    unexpected_.end());
+  matcher_.dropKeptIf([](const std::shared_ptr<Unexpected>& u) {
+    return !u->complete || u->claimedBy || u->frame.type != static_cast<uint8_t>(FrameType::Eager);
+  });
   if (sinkUnexpected_ && sinkUnexpected_->claimedBy) failReq(sinkUnexpected_->claimedBy->req);
   if (sinkOp_) failReq(sinkOp_->req);
   for (auto& [seq, op] : incoming_) failReq(op->req);

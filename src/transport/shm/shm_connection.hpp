@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/matching.hpp"
 #include "transport/shm/ring.hpp"
 #include "transport/transport.hpp"
 
@@ -118,7 +119,6 @@ class ShmConnection : public Connection {
   bool failLocked(const Status& st, bool record);
   /// Whether a request of this link is still in flight (both locks held).
   bool hasPendingLocked() const;
-  Status truncation(size_t message, uint32_t tag, size_t capacity) const;
   Status malformed(const std::string& why) const;
   void updateBacklogLocked();
   std::vector<uint8_t> bufferLocked(size_t bytes);
@@ -139,10 +139,7 @@ class ShmConnection : public Connection {
 
   // Receive side (inMu_).
   mutable std::mutex inMu_;
-  // In posting / arrival order; matching takes the first with the tag (few are outstanding, and a
-  // flat scan beats a map of deques that allocates per tag).
-  std::deque<std::shared_ptr<RecvOp>> posted_;
-  std::deque<std::shared_ptr<Unexpected>> unexpected_;
+  TagMatcher<std::shared_ptr<RecvOp>, std::shared_ptr<Unexpected>> matcher_;
   std::map<uint64_t, std::shared_ptr<RecvOp>> incoming_;  // CTS sent, DATA awaited
   std::deque<std::shared_ptr<RecvOp>> cmaJobs_;
   bool cmaBusy_ = false;

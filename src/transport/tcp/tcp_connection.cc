@@ -154,14 +154,6 @@ void TcpConnection::start() {
   }
 }
 
-Status TcpConnection::truncation(size_t message, const RecvOp& op) const {
-  return Status::error(ErrorCode::InvalidUsage,
-                       strFormat("message of %zu bytes from rank %d (tag %u) is larger than the receive buffer of "
-                                 "%zu bytes: post a receive as large as the message",
-                                 message, peer_, op.tag, op.capacity),
-                       peer_);
-}
-
 Status TcpConnection::malformed(const std::string& why) const {
   return Status::error(ErrorCode::Remote,
                        strFormat("malformed data from rank %d (%s): closing the connection", peer_, why.c_str()),
@@ -256,11 +248,8 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   op->buf = static_cast<uint8_t*>(buf);
   op->capacity = bytes;
   op->tag = tag;
-  auto uit = unexpected_.find(tag);
-  if (uit != unexpected_.end() && !uit->second.empty()) {
-    std::shared_ptr<Unexpected> u = uit->second.front();
-    uit->second.pop_front();
-    if (uit->second.empty()) unexpected_.erase(uit);
+  if (std::optional<std::shared_ptr<Unexpected>> kept = matcher_.takeMessage(tag)) {
+    std::shared_ptr<Unexpected> u = std::move(*kept);
     if (!signaturesAgree(req->signature, u->hdr.b)) {
       // A message of another call: this receive fails; an announced one is refused.
       req->fail(signatureMismatch(peer_, u->hdr.b, rank_, req->signature));
@@ -288,8 +277,7 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   } else if (closed_) {
     failClosedLocked(req, lock);
   } else {
-    auto& q = posted_[tag];
-    q.push_back(op);
+    matcher_.post(tag, op);
     // (Collectives' messages up to pushBytes come at once anyway: no hint needed.)
     const bool pushed = (tag & options_.pushTagBit) != 0 && bytes <= options_.pushBytes;
     if (bytes > options_.eagerBytes && options_.readyBytes > 0 && !pushed) {
@@ -299,7 +287,7 @@ void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
       h.tag = tag;
       h.seq = nextRecvSeq_;
       h.a = bytes;
-      h.b = q.size() - 1;
+      h.b = matcher_.postedOn(tag) - 1;
       enqueueLocked(*streams_[0], h, nullptr, 0, nullptr);
       Status st = flush(*streams_[0], lock, kUnlimited);
       if (!st.ok) failFrom(st, lock);
@@ -311,7 +299,7 @@ void TcpConnection::deliverUnexpectedLocked(Unexpected& u, RecvOp& op) {
   const size_t n = u.data.size;
   if (n > op.capacity) {
     giveBackLocked(std::move(u.data));
-    op.req->fail(truncation(n, op));
+    op.req->fail(truncationError(peer_, op.tag, n, op.capacity));
     return;
   }
   if (n > 0) kernels::copy(op.buf, u.data.data(), n);
@@ -358,27 +346,21 @@ void TcpConnection::enqueueDataLocked(const std::shared_ptr<SendOp>& op) {
 }
 
 void TcpConnection::acceptPushLocked(const FrameHeader& h) {
-  std::shared_ptr<RecvOp> op;
-  auto pit = posted_.find(h.tag);
-  if (pit != posted_.end()) {
-    op = pit->second.front();
-    pit->second.pop_front();
-    if (pit->second.empty()) posted_.erase(pit);
-  }
+  std::shared_ptr<RecvOp> op = matcher_.takeRecv(h.tag).value_or(nullptr);
   if (op && !signaturesAgree(op->req->signature, h.b)) {
     // Another call's message: that receive fails, the bytes are dropped.
     op->req->fail(signatureMismatch(peer_, h.b, rank_, op->req->signature));
     op = std::make_shared<RecvOp>();
   } else if (op && h.a > op->capacity) {
     // Too large for the receive that matches it: that receive fails, the bytes are dropped.
-    op->req->fail(truncation(h.a, *op));
+    op->req->fail(truncationError(peer_, op->tag, h.a, op->capacity));
     op = std::make_shared<RecvOp>();
   } else if (!op) {
     // Nobody has posted for it yet: it lands in a buffer of its own, claimed by a later receive.
     auto u = std::make_shared<Unexpected>();
     u->hdr = h;
     u->data = takeBufferLocked(h.a);
-    unexpected_[h.tag].push_back(u);
+    matcher_.keep(h.tag, u);
     op = std::make_shared<RecvOp>();
     op->buf = u->data.data();
     op->capacity = h.a;
@@ -407,7 +389,7 @@ void TcpConnection::acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<
   }
   if (h.a > op->capacity) {
     sendCtsLocked(h.seq, false);
-    op->req->fail(truncation(h.a, *op));
+    op->req->fail(truncationError(peer_, op->tag, h.a, op->capacity));
     return;
   }
   op->bytes = h.a;
@@ -570,20 +552,14 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       ++nextRecvSeq_;
       const bool eager = h.type == static_cast<uint8_t>(FrameType::Eager);
       if (eager && h.a > kMaxEagerBytes) return malformed("eager message larger than the protocol allows");
-      std::shared_ptr<RecvOp> op;
-      auto pit = posted_.find(h.tag);
-      if (pit != posted_.end()) {
-        op = pit->second.front();
-        pit->second.pop_front();
-        if (pit->second.empty()) posted_.erase(pit);
-      }
+      std::shared_ptr<RecvOp> op = matcher_.takeRecv(h.tag).value_or(nullptr);
       if (!eager) {
         if (op) {
           acceptRtsLocked(h, op);
         } else {
           auto u = std::make_shared<Unexpected>();
           u->hdr = h;
-          unexpected_[h.tag].push_back(u);
+          matcher_.keep(h.tag, u);
         }
         return Status::success();
       }
@@ -601,14 +577,14 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
         s.consumer = consumerOf(*op);
         s.consumeAt = 0;
       } else if (op) {
-        op->req->fail(truncation(h.a, *op));
+        op->req->fail(truncationError(peer_, op->tag, h.a, op->capacity));
         s.sink = Sink::Discard;
         s.target = nullptr;
       } else {
         auto u = std::make_shared<Unexpected>();
         u->hdr = h;
         u->data = takeBufferLocked(h.a);
-        unexpected_[h.tag].push_back(u);
+        matcher_.keep(h.tag, u);
         s.sink = Sink::Unexpected;
         s.target = u->data.data();
         s.ux = u;
@@ -1096,7 +1072,7 @@ Status TcpConnection::leftStatus(const std::string& why) const {
 }
 
 bool TcpConnection::hasPendingLocked() const {
-  if (!posted_.empty() || !awaitingCts_.empty() || !incoming_.empty()) return true;
+  if (matcher_.anyPosted() || !awaitingCts_.empty() || !incoming_.empty()) return true;
   for (const auto& s : streams_) {
     if (!s->out.empty()) return true;
     if (s->inPayload && (s->sink == Sink::Direct || s->sink == Sink::Data)) return true;
@@ -1126,9 +1102,7 @@ void TcpConnection::failLocked(const Status& status) {
   if (closed_) return;
   closed_ = true;
   closedStatus_ = status;
-  for (auto& [tag, q] : posted_)
-    for (auto& op : q) op->req->fail(status);
-  posted_.clear();
+  for (auto& op : matcher_.takeAllPosted()) op->req->fail(status);
   for (auto& [seq, op] : awaitingCts_) op->req->fail(status);
   awaitingCts_.clear();
   for (auto& [seq, op] : incoming_) {
@@ -1140,9 +1114,7 @@ void TcpConnection::failLocked(const Status& status) {
   }
   incoming_.clear();
   // Eager payloads fully received stay: a later receive can still take them.
-  for (auto& [tag, q] : unexpected_)
-    q.erase(std::remove_if(q.begin(), q.end(), [](const std::shared_ptr<Unexpected>& u) { return !u->complete; }),
-            q.end());
+  matcher_.dropKeptIf([](const std::shared_ptr<Unexpected>& u) { return !u->complete; });
   for (auto& s : streams_) {
     if (!s->writing) abandonWritesLocked(*s);
     if (!s->reading) abandonReadLocked(*s);

@@ -50,6 +50,7 @@
 
 #include "core/progress_engine.hpp"
 #include "net/socket.hpp"
+#include "transport/matching.hpp"
 #include "transport/tcp/frame.hpp"
 #include "transport/transport.hpp"
 
@@ -218,7 +219,6 @@ class TcpConnection : public Connection {
   void abandonWritesLocked(Stream& s);
   /// Runs after a failure found on a stream: fails the connection, then the communicator.
   void failFrom(const Status& st, std::unique_lock<std::mutex>& lock);
-  Status truncation(size_t message, const RecvOp& op) const;
   Status malformed(const std::string& why) const;
 
   const int rank_;
@@ -236,8 +236,7 @@ class TcpConnection : public Connection {
 
   std::mutex mu_;
   std::vector<std::unique_ptr<Stream>> streams_;
-  std::map<uint32_t, std::deque<std::shared_ptr<RecvOp>>> posted_;
-  std::map<uint32_t, std::deque<std::shared_ptr<Unexpected>>> unexpected_;
+  TagMatcher<std::shared_ptr<RecvOp>, std::shared_ptr<Unexpected>> matcher_;
   std::map<uint64_t, std::shared_ptr<SendOp>> awaitingCts_;
   std::map<uint64_t, std::shared_ptr<RecvOp>> incoming_;
   std::map<uint32_t, std::deque<ReadyHint>> readyHints_;   // READY hints from the peer, by tag
