@@ -511,7 +511,7 @@ TEST_P(P2PLinks, AFailedReceiveFindsItsCommunicatorFailed) {
   loomtest::TransportSetup setup(GetParam());
   for (int round = 0; round < 20; ++round) {
     std::atomic<int> failedBefore{-1};
-    loomtest::runRanks(2, [&](loom::Communicator& c) {
+    auto results = loomtest::runRanks(2, [&](loom::Communicator& c) {
       if (c.rank() == 0) {
         c.barrier();
         c.abort();
@@ -527,7 +527,8 @@ TEST_P(P2PLinks, AFailedReceiveFindsItsCommunicatorFailed) {
         throw;
       }
     });
-    ASSERT_EQ(failedBefore.load(), 1) << "round " << round;
+    ASSERT_EQ(failedBefore.load(), 1) << "round " << round << ": rank 0: " << results[0].error
+                                      << "; rank 1: " << results[1].error;
   }
 }
 

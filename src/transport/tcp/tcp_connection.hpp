@@ -51,6 +51,7 @@
 #include "core/progress_engine.hpp"
 #include "net/socket.hpp"
 #include "transport/matching.hpp"
+#include "transport/tcp/buffer_pool.hpp"
 #include "transport/tcp/frame.hpp"
 #include "transport/transport.hpp"
 
@@ -115,13 +116,8 @@ class TcpConnection : public Connection {
     uint64_t seq = 0;                // the sender's sequence number, once an RTS or PUSH matched
     std::shared_ptr<Unexpected> ux;  // a PUSH nobody had posted for: fills ux->data
   };
-  /// Bytes of an unexpected message: uninitialised, and recycled (no zero-fill and no page faults
-  /// per message: fresh buffers showed up in the profile of large all-reduces across nodes).
-  struct Buffer {
-    std::unique_ptr<uint8_t[]> bytes;
-    size_t size = 0, capacity = 0;
-    uint8_t* data() { return bytes.get(); }
-  };
+  /// Bytes of an unexpected message, from the connection's pool (buffer_pool.hpp).
+  using Buffer = BufferPool::Buffer;
   struct Unexpected {
     FrameHeader hdr;
     Buffer data;  // eager or pushed payload
@@ -186,10 +182,6 @@ class TcpConnection : public Connection {
   /// record of recent sends does not reach back that far.
   size_t sendsOnTagSinceLocked(uint32_t tag, uint64_t from) const;
   void deliverUnexpectedLocked(Unexpected& u, RecvOp& op);
-  /// A buffer of `n` bytes from the pool (the smallest that fits) or new; its contents are garbage.
-  Buffer takeBufferLocked(size_t n);
-  /// Keeps `b` for a later unexpected message while the pool holds less than kPoolBytes.
-  void giveBackLocked(Buffer b);
   /// Queues the DATA frames of `op` over its stripes (after a CTS, or right behind a PUSH).
   void enqueueDataLocked(const std::shared_ptr<SendOp>& op);
   /// Takes a PUSH header: its DATA goes to the matching receive, or to an unexpected buffer.
@@ -252,8 +244,7 @@ class TcpConnection : public Connection {
   std::string byeReason_;                   // a clean BYE's word, kept for when its streams end
   const std::atomic<int>* const sleepers_;  // the transport's: threads of this rank asleep in a wait
   std::vector<RequestPtr> unattended_;      // pending requests posted outside an attended operation
-  std::vector<Buffer> pool_;                // spare buffers for unexpected messages
-  size_t pooled_ = 0;                       // their bytes
+  BufferPool pool_;                         // spare buffers for unexpected messages
 };
 
 }  // namespace tcp

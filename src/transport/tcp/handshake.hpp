@@ -1,0 +1,80 @@
+// Handshakes: forming the sockets of every TCP link of one rank, all peers at once, each proved
+// with the job key (the protocol is in tcp_transport.hpp). The lower rank of a pair connects,
+// socket k from this rank's interface k mod (its count) to the peer's interface k mod (the
+// peer's count); the higher rank accepts on its listeners. Strangers on the listeners (other
+// jobs, other communicators, port scanners) are turned away and counted while setup goes on.
+//
+// One thread: the transport's connect() runs it to completion, polling every socket at once.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "net/interfaces.hpp"
+#include "net/socket.hpp"
+#include "transport/transport.hpp"
+
+namespace loom {
+namespace tcp {
+
+/// A peer's published endpoints: per interface, its listening address and the interface's name.
+using Endpoints = std::vector<std::pair<SockAddr, std::string>>;
+
+class Handshakes {
+ public:
+  /// `ifaces` and `listeners` are this rank's (one listener per interface, TcpTransport's); they
+  /// outlive this object.
+  Handshakes(const TransportContext& ctx, const std::vector<Interface>& ifaces, const std::vector<Socket>& listeners);
+  ~Handshakes();
+  Handshakes(const Handshakes&) = delete;
+  Handshakes& operator=(const Handshakes&) = delete;
+
+  /// Forms ctx.socketsPerPeer sockets with each of `peers` (whose endpoints are given) and
+  /// returns them by peer, index = stream, each tuned for data. Throws, naming the peers, when
+  /// the deadline passes first; throws when a peer's address is not a Loom peer or proves another
+  /// job key; rethrows the communicator's failure if it fails meanwhile.
+  std::map<int, std::vector<Socket>> run(const std::map<int, Endpoints>& peers);
+  /// Connections turned away during run().
+  int rejected() const { return rejected_; }
+
+ private:
+  struct Pending;
+
+  void startConnects(const std::map<int, Endpoints>& peers);
+  void connectDue();
+  void acceptNewcomers(size_t listener);
+  /// Moves socket `p` one step through its handshake on `revents`.
+  void advance(Pending& p, short revents);
+  void onAcceptorHello(Pending& p);
+  void onAcceptorProof(Pending& p);
+  void onConnectorHello(Pending& p);
+  /// Gives up socket `p`: a stranger is turned away; an outbound attempt is retried.
+  void drop(Pending& p, const std::string& why, bool stray);
+  /// The socket is proved: it joins the peer's link.
+  void finish(Pending& p, int peer, size_t index);
+  void forgetStale();
+  size_t missing() const;
+  [[noreturn]] void throwTimeout() const;
+
+  const TransportContext& ctx_;
+  const std::vector<Interface>& ifaces_;
+  const std::vector<Socket>& listeners_;
+  const int sockets_;
+  std::map<int, std::vector<Socket>> done_;  // peer -> sockets by index
+  std::set<int> inbound_;                    // the peers that connect to this rank
+  std::vector<std::unique_ptr<Pending>> pending_;
+  std::string lastError_;
+  int rejected_ = 0;
+};
+
+/// Socket options of a data socket: no Nagle, LOOM_SOCKET_BUFFER, and the keepalive heartbeat
+/// (LOOM_TCP_KEEPALIVE_S).
+void tuneDataSocket(int fd);
+
+}  // namespace tcp
+}  // namespace loom
