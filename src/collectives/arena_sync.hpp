@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "collectives/context.hpp"
-#include "transport/transport.hpp"
+#include "transport/shm/arena.hpp"
 
 namespace loom {
 namespace coll {

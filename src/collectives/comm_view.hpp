@@ -18,6 +18,7 @@
 #include "core/receive_consumer.hpp"
 #include "core/request.hpp"
 #include "transport/link_properties.hpp"
+#include "transport/shm/arena.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {

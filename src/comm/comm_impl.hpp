@@ -25,6 +25,8 @@
 #include "core/progress_engine.hpp"
 #include "core/request.hpp"
 #include "loom/loom.hpp"
+#include "transport/cuda_ipc/ipc_mem_cache.hpp"
+#include "transport/shm/arena.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -141,7 +143,8 @@ class CommImpl : public Progressable, public coll::CommView {
   /// The node's shared arena (shared-memory transport), or nullptr.
   const LocalArena* arena() const override {
     for (const auto& t : transports_)
-      if (const LocalArena* a = t->arena()) return a;
+      if (const auto* p = dynamic_cast<const ArenaProvider*>(t.get()))
+        if (const LocalArena* a = p->arena()) return a;
     return nullptr;
   }
 
@@ -149,7 +152,8 @@ class CommImpl : public Progressable, public coll::CommView {
   /// shares device memory with the node's peers.
   cuda_ipc::IpcMemCache* ipcCache() const {
     for (const auto& t : transports_)
-      if (cuda_ipc::IpcMemCache* m = t->ipcCache()) return m;
+      if (auto* p = dynamic_cast<cuda_ipc::IpcCacheProvider*>(t.get()))
+        if (cuda_ipc::IpcMemCache* m = p->ipcCache()) return m;
     return nullptr;
   }
 

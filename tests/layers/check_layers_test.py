@@ -73,6 +73,11 @@ class PlantedFaults(unittest.TestCase):
         shutil.rmtree(os.path.join(self.tmp, "src", "ddp"))
         self.assertFails("names src/ddp/, which does not exist")
 
+    def test_a_file_over_600_lines(self):
+        with open(os.path.join(self.tmp, "src", "comm", "long.cc"), "a") as f:
+            f.write("// one line\n" * 601)
+        self.assertFails("src/comm/long.cc: 601 lines, over 600")
+
     def test_includes_that_point_down_pass(self):
         self.plant("src/comm/comm_impl.cc", "#include", '#include "net/socket.hpp"')
         self.plant("src/transport/registry.cc", "#include", '#include "core/status.hpp"')

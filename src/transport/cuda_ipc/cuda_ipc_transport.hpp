@@ -22,7 +22,7 @@
 namespace loom {
 namespace cuda_ipc {
 
-class CudaIpcTransport : public Transport {
+class CudaIpcTransport : public Transport, public ArenaProvider, public IpcCacheProvider {
  public:
   CudaIpcTransport() = default;
   ~CudaIpcTransport() override;

@@ -21,7 +21,7 @@ namespace loom {
 namespace shm {
 namespace {
 
-// The arena's processClock (transport.hpp): one per communicator per process.
+// The arena's processClock (arena.hpp): one per communicator per process.
 std::shared_ptr<std::atomic<uint64_t>> processClockFor(const Nonce& commId) {
   static std::mutex mu;
   static auto* clocks = new std::map<Nonce, std::weak_ptr<std::atomic<uint64_t>>>();  // process lifetime

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 
+#include "transport/shm/arena.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/shm/shm_engine.hpp"
 #include "transport/transport.hpp"
@@ -27,7 +28,7 @@
 namespace loom {
 namespace shm {
 
-class ShmTransport : public Transport {
+class ShmTransport : public Transport, public ArenaProvider {
  public:
   ShmTransport() = default;
   ~ShmTransport() override;
