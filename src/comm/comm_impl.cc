@@ -149,30 +149,30 @@ size_t CommImpl::checkBuffer(const void* buf, size_t count, DataType type, const
 
 RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what) {
   auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_, progress_);
-  conns_[static_cast<size_t>(peer)]->isend(req, buf, bytes, tag);
+  conns_[static_cast<size_t>(peer)]->isend(req, SendSpec{buf, bytes, tag, 0});
   return req;
 }
 
 RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what) {
   auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_, progress_);
-  conns_[static_cast<size_t>(peer)]->irecv(req, buf, bytes, tag);
+  conns_[static_cast<size_t>(peer)]->irecv(req, RecvSpec{buf, bytes, tag, 0, nullptr});
   return req;
 }
 
 RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig) {
   auto req = std::make_shared<Request>(rank_, peer, label, timeout_, failure_, progress_);
-  req->signature = sig;
-  conns_[static_cast<size_t>(peer)]->isend(req, buf, bytes, tag);
+  conns_[static_cast<size_t>(peer)]->isend(req, SendSpec{buf, bytes, tag, sig});
   return req;
 }
 
 RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig,
                               std::shared_ptr<ReceiveConsumer> consumer) {
   auto req = std::make_shared<Request>(rank_, peer, label, timeout_, failure_, progress_);
-  req->signature = sig;
-  req->consumer = std::move(consumer);
-  req->consumerBuffer = buf;
-  conns_[static_cast<size_t>(peer)]->irecv(req, buf, bytes, tag);
+  if (consumer) {
+    req->consumer = consumer;  // for the waiter, where the link did not hand the bytes on
+    req->consumerBuffer = buf;
+  }
+  conns_[static_cast<size_t>(peer)]->irecv(req, RecvSpec{buf, bytes, tag, sig, std::move(consumer)});
   return req;
 }
 

@@ -220,13 +220,10 @@ class Request {
   bool diagnoseOnTimeout = false;
   /// For receives whose size must match exactly (collectives): the size expected, or SIZE_MAX.
   size_t expectBytes = SIZE_MAX;
-  /// The collective call this message belongs to (core/signature.hpp), or 0: a transport fails a
-  /// receive whose matching message carries another. Set before the request is posted.
-  uint64_t signature = 0;
-  /// For receives: takes the bytes as they land (core/receive_consumer.hpp), or null. Set before
-  /// the request is posted.
+  /// For the waiter of a receive with a consumer (RecvSpec::consumer): the consumer and the
+  /// receive's buffer, where the bytes are when the link did not hand them on (consumed false),
+  /// so that the waiter hands them on itself. Transports read the RecvSpec, not these.
   std::shared_ptr<ReceiveConsumer> consumer;
-  /// The receive's buffer, where the bytes are when the transport did not hand them to `consumer`.
   const void* consumerBuffer = nullptr;
   /// Set by a transport that handed every byte to `consumer` (and wrote none to the buffer), before
   /// it completes the request; read by the waiter once done() (whose acquire orders it).

@@ -18,10 +18,11 @@ void SelfConnection::match(const Op& send, const Op& recv, uint32_t tag) const {
   recv.req->complete(send.bytes);
 }
 
-void SelfConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept {
+void SelfConnection::isend(const RequestPtr& req, const SendSpec& spec) noexcept {
+  const uint32_t tag = spec.tag;
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return req->fail(closedStatus_);
-  Op op{req, const_cast<void*>(buf), bytes};
+  Op op{req, const_cast<void*>(spec.buf), spec.bytes};
   if (auto r = matcher_.takeRecv(tag)) {
     match(op, *r, tag);
   } else {
@@ -29,10 +30,11 @@ void SelfConnection::isend(const RequestPtr& req, const void* buf, size_t bytes,
   }
 }
 
-void SelfConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept {
+void SelfConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
+  const uint32_t tag = spec.tag;
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return req->fail(closedStatus_);
-  Op op{req, buf, bytes};
+  Op op{req, spec.buf, spec.capacity};
   if (auto s = matcher_.takeMessage(tag)) {
     match(*s, op, tag);
   } else {

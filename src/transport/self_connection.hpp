@@ -25,8 +25,8 @@ class SelfConnection : public Connection {
  public:
   explicit SelfConnection(int rank) : rank_(rank) {}
   int peer() const override { return rank_; }
-  void isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept override;
-  void irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept override;
+  void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
+  void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override;
 

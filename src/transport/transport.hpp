@@ -24,6 +24,7 @@
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
 #include "core/deadline.hpp"
+#include "core/receive_consumer.hpp"
 #include "core/request.hpp"
 #include "transport/link_properties.hpp"
 
@@ -35,14 +36,35 @@ class ProgressEngine;
 /// messages differently: a collective's receiver posts its receives within a pipeline step.
 constexpr uint32_t kCollectiveTagBit = 0x80000000u;
 
+/// One message to send.
+struct SendSpec {
+  const void* buf = nullptr;  ///< stays valid until the request is done
+  size_t bytes = 0;
+  uint32_t tag = 0;
+  /// The call the message belongs to (core/signature.hpp), carried with it; 0: none.
+  uint64_t signature = 0;
+};
+
+/// One receive.
+struct RecvSpec {
+  void* buf = nullptr;  ///< stays valid until the request is done
+  size_t capacity = 0;  ///< the largest message it takes; a larger one fails it
+  uint32_t tag = 0;
+  /// The call it belongs to: a matching message that carries another fails it; 0: any.
+  uint64_t signature = 0;
+  /// Takes the bytes as they land, where the transport can hand them on (core/receive_consumer.hpp),
+  /// setting Request::consumed; null: the bytes go to `buf`.
+  std::shared_ptr<ReceiveConsumer> consumer;
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
   virtual int peer() const = 0;
-  /// Starts sending `bytes` from buf with `tag`. buf must stay valid until the request is done.
-  virtual void isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept = 0;
-  /// Starts receiving at most `bytes` into buf from the next message with `tag`.
-  virtual void irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept = 0;
+  /// Starts sending `spec.bytes` from spec.buf on spec.tag.
+  virtual void isend(const RequestPtr& req, const SendSpec& spec) noexcept = 0;
+  /// Starts receiving into spec.buf the next message on spec.tag.
+  virtual void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept = 0;
   /// Fails every pending request with `status` and closes the link. Idempotent; any thread.
   virtual void failAll(const Status& status) noexcept = 0;
   /// One line for logs: transport, sockets, addresses.

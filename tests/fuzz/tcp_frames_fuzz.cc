@@ -115,20 +115,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const size_t bytes = static_cast<size_t>(data[at + 1]) * 257;
       buffers.emplace_back(bytes);
       auto req = std::make_shared<detail::Request>(0, 1, "fuzz recv", std::chrono::milliseconds(1000), failure);
+      RecvSpec spec{buffers.back().data(), bytes, tag, 0, nullptr};
       if ((data[at] & 8) != 0) {
         auto consumer = std::make_shared<CheckingConsumer>(bytes, size_t{1} << ((data[at] >> 4) & 3));
         consumer->done_ = req.get();
         req->consumer = consumer;
         req->consumerBuffer = buffers.back().data();
+        spec.consumer = consumer;
       }
       requests.push_back(req);
-      conn.irecv(req, buffers.back().data(), bytes, tag);
+      conn.irecv(req, spec);
     }
     static const std::vector<uint8_t> payload(4096, 0x5a);
     if (postSend) {
       auto req = std::make_shared<detail::Request>(0, 1, "fuzz send", std::chrono::milliseconds(1000), failure);
       requests.push_back(req);
-      conn.isend(req, payload.data(), payload.size(), kCollectiveTagBit | 1);
+      conn.isend(req, SendSpec{payload.data(), payload.size(), kCollectiveTagBit | 1, 0});
     }
     while (at < size) {
       const uint8_t c = data[at++];

@@ -52,7 +52,10 @@ void ShmConnection::updateBacklogLocked() {
 // ---------------------------------------------------------------------------------------------
 // Send side.
 
-void ShmConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept {
+void ShmConnection::isend(const RequestPtr& req, const SendSpec& spec) noexcept {
+  const void* buf = spec.buf;
+  const size_t bytes = spec.bytes;
+  const uint32_t tag = spec.tag;
   std::unique_lock<std::mutex> out(outMu_);
   if (closed_) return req->fail(closedStatus_);
   auto op = std::make_shared<SendOp>();
@@ -60,11 +63,12 @@ void ShmConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, 
   op->buf = static_cast<const uint8_t*>(buf);
   op->bytes = bytes;
   op->tag = tag;
+  op->signature = spec.signature;
   Out o;
   o.frame.tag = tag;
   o.frame.seq = nextSendSeq_++;
   o.frame.bytes = bytes;
-  o.frame.sig = req->signature;
+  o.frame.sig = spec.signature;
   if (bytes <= options_.eagerBytes) {
     o.frame.type = static_cast<uint8_t>(FrameType::Eager);
     o.payload = op->buf;
@@ -141,7 +145,9 @@ void ShmConnection::sendControl(FrameType type, uint64_t seq, uint64_t sig) {
 // ---------------------------------------------------------------------------------------------
 // Receive side.
 
-void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept {
+void ShmConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
+  const size_t bytes = spec.capacity;
+  const uint32_t tag = spec.tag;
   std::unique_lock<std::mutex> in(inMu_);
   // Unexpected messages in arrival order; the first with this tag matches. On a closed link too:
   // what the peer sent before it went stays for its receive (failLocked).
@@ -149,21 +155,22 @@ void ShmConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32
   if (closed_ && !kept) return req->fail(closedStatus_);
   auto op = std::make_shared<RecvOp>();
   op->req = req;
-  op->buf = static_cast<uint8_t*>(buf);
+  op->buf = static_cast<uint8_t*>(spec.buf);
   op->capacity = bytes;
   op->tag = tag;
+  op->signature = spec.signature;
   if (!kept) {
     matcher_.post(tag, std::move(op));
     return;
   }
   std::shared_ptr<Unexpected> u = std::move(*kept);
   const size_t message = static_cast<size_t>(u->frame.bytes);
-  if (!signaturesAgree(req->signature, u->frame.sig)) {
+  if (!signaturesAgree(spec.signature, u->frame.sig)) {
     // A message of another call: this receive fails; an announced one is refused.
-    req->fail(signatureMismatch(peer_, u->frame.sig, rank_, req->signature));
+    req->fail(signatureMismatch(peer_, u->frame.sig, rank_, spec.signature));
     if (u->frame.type == static_cast<uint8_t>(FrameType::Rts)) {
       in.unlock();
-      sendControl(FrameType::Nack, u->frame.seq, req->signature);
+      sendControl(FrameType::Nack, u->frame.seq, spec.signature);
     } else if (u->complete) {
       recycleLocked(std::move(u->data));
     }
@@ -368,10 +375,10 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
       }
       std::shared_ptr<RecvOp> op = std::move(*posted);
       const size_t message = static_cast<size_t>(f.bytes);
-      const bool agree = signaturesAgree(op->req->signature, f.sig);
+      const bool agree = signaturesAgree(op->signature, f.sig);
       if (!agree || message > op->capacity) {
         op->req->fail(agree ? truncationError(peer_, f.tag, message, op->capacity)
-                            : signatureMismatch(peer_, f.sig, rank_, op->req->signature));
+                            : signatureMismatch(peer_, f.sig, rank_, op->signature));
         if (eager) {
           if (message > 0) {
             cur_ = f;
@@ -379,7 +386,7 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
             sink_ = Sink::Discard;
           }
         } else {
-          sendControl(FrameType::Nack, f.seq, agree ? 0 : op->req->signature);
+          sendControl(FrameType::Nack, f.seq, agree ? 0 : op->signature);
         }
         return Status::success();
       }
@@ -427,7 +434,7 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
       if (type == FrameType::Done) {
         op->req->complete(op->bytes);
       } else if (type == FrameType::Nack) {
-        op->req->fail(f.sig != 0 ? signatureMismatch(peer_, f.sig, rank_, op->req->signature)
+        op->req->fail(f.sig != 0 ? signatureMismatch(peer_, f.sig, rank_, op->signature)
                                  : Status::error(ErrorCode::InvalidUsage,
                                                  strFormat("message of %zu bytes to rank %d (tag %u) is larger than "
                                                            "the receive buffer rank %d posted",

@@ -49,8 +49,8 @@ class ShmConnection : public Connection {
                 std::string description);
 
   int peer() const override { return peer_; }
-  void isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept override;
-  void irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept override;
+  void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
+  void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
   bool poll() noexcept override { return progress(); }
@@ -76,6 +76,7 @@ class ShmConnection : public Connection {
     const uint8_t* buf = nullptr;
     size_t bytes = 0;
     uint32_t tag = 0;
+    uint64_t signature = 0;  // SendSpec::signature
   };
   struct RecvOp {
     RequestPtr req;
@@ -83,8 +84,9 @@ class ShmConnection : public Connection {
     size_t capacity = 0;
     size_t bytes = 0;
     uint32_t tag = 0;
-    uint64_t seq = 0;     // the sender's sequence number (large messages)
-    uint64_t remote = 0;  // the sender's buffer (large messages)
+    uint64_t signature = 0;  // RecvSpec::signature
+    uint64_t seq = 0;        // the sender's sequence number (large messages)
+    uint64_t remote = 0;     // the sender's buffer (large messages)
   };
   struct Unexpected {
     Frame frame;                // EAGER or RTS

@@ -64,7 +64,10 @@ Status TcpConnection::malformed(const std::string& why) const {
                        peer_);
 }
 
-void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept {
+void TcpConnection::isend(const RequestPtr& req, const SendSpec& spec) noexcept {
+  const void* buf = spec.buf;
+  const size_t bytes = spec.bytes;
+  const uint32_t tag = spec.tag;
   std::unique_lock<std::mutex> lock(mu_);
   if (closed_) {
     failClosedLocked(req, lock);
@@ -76,12 +79,13 @@ void TcpConnection::isend(const RequestPtr& req, const void* buf, size_t bytes, 
   op->buf = static_cast<const uint8_t*>(buf);
   op->bytes = bytes;
   op->tag = tag;
+  op->signature = spec.signature;
   op->seq = nextSendSeq_++;
   FrameHeader h;
   h.tag = tag;
   h.seq = op->seq;
   h.a = bytes;
-  h.b = req->signature;  // EAGER, RTS and PUSH carry the call they belong to
+  h.b = spec.signature;  // EAGER, RTS and PUSH carry the call they belong to
   Stream& s0 = *streams_[0];
   // Every send consumes the hint meant for it, so that hints for small messages do not pile up.
   const bool hinted = !readyHints_.empty() && takeReadyHintLocked(tag, bytes);
@@ -144,21 +148,25 @@ bool TcpConnection::takeReadyHintLocked(uint32_t tag, size_t bytes) {
   return ready;
 }
 
-void TcpConnection::irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept {
+void TcpConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
+  const size_t bytes = spec.capacity;
+  const uint32_t tag = spec.tag;
   std::unique_lock<std::mutex> lock(mu_);
   noteUnattendedLocked(req);
   auto op = std::make_shared<RecvOp>();
   op->req = req;
-  op->buf = static_cast<uint8_t*>(buf);
+  op->buf = static_cast<uint8_t*>(spec.buf);
   op->capacity = bytes;
   op->tag = tag;
+  op->signature = spec.signature;
+  op->consumer = spec.consumer;
   if (std::optional<std::shared_ptr<Unexpected>> kept = matcher_.takeMessage(tag)) {
     std::shared_ptr<Unexpected> u = std::move(*kept);
-    if (!signaturesAgree(req->signature, u->hdr.b)) {
+    if (!signaturesAgree(spec.signature, u->hdr.b)) {
       // A message of another call: this receive fails; an announced one is refused.
-      req->fail(signatureMismatch(peer_, u->hdr.b, rank_, req->signature));
+      req->fail(signatureMismatch(peer_, u->hdr.b, rank_, spec.signature));
       if (u->hdr.type == static_cast<uint8_t>(FrameType::Rts)) {
-        sendCtsLocked(u->hdr.seq, false, req->signature);
+        sendCtsLocked(u->hdr.seq, false, spec.signature);
         Status st = flush(*streams_[0], lock, kUnlimited);
         if (!st.ok) failFrom(st, lock);
       } else if (u->complete) {

@@ -86,8 +86,8 @@ class TcpConnection : public Connection {
   void start();
 
   int peer() const override { return peer_; }
-  void isend(const RequestPtr& req, const void* buf, size_t bytes, uint32_t tag) noexcept override;
-  void irecv(const RequestPtr& req, void* buf, size_t bytes, uint32_t tag) noexcept override;
+  void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
+  void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
   bool poll() noexcept override;
@@ -102,6 +102,7 @@ class TcpConnection : public Connection {
     const uint8_t* buf = nullptr;
     size_t bytes = 0;
     uint32_t tag = 0;
+    uint64_t signature = 0;  // SendSpec::signature
     uint64_t seq = 0;
     int framesLeft = 0;
   };
@@ -113,8 +114,10 @@ class TcpConnection : public Connection {
     size_t bytes = 0;  // size of the matched message
     size_t received = 0;
     uint32_t tag = 0;
-    uint64_t seq = 0;                // the sender's sequence number, once an RTS or PUSH matched
-    std::shared_ptr<Unexpected> ux;  // a PUSH nobody had posted for: fills ux->data
+    uint64_t signature = 0;                     // RecvSpec::signature
+    std::shared_ptr<ReceiveConsumer> consumer;  // RecvSpec::consumer
+    uint64_t seq = 0;                           // the sender's sequence number, once an RTS or PUSH matched
+    std::shared_ptr<Unexpected> ux;             // a PUSH nobody had posted for: fills ux->data
   };
   /// Bytes of an unexpected message, from the connection's pool (buffer_pool.hpp).
   using Buffer = BufferPool::Buffer;

@@ -37,9 +37,9 @@ void TcpConnection::enqueueDataLocked(const std::shared_ptr<SendOp>& op) {
 
 void TcpConnection::acceptPushLocked(const FrameHeader& h) {
   std::shared_ptr<RecvOp> op = matcher_.takeRecv(h.tag).value_or(nullptr);
-  if (op && !signaturesAgree(op->req->signature, h.b)) {
+  if (op && !signaturesAgree(op->signature, h.b)) {
     // Another call's message: that receive fails, the bytes are dropped.
-    op->req->fail(signatureMismatch(peer_, h.b, rank_, op->req->signature));
+    op->req->fail(signatureMismatch(peer_, h.b, rank_, op->signature));
     op = std::make_shared<RecvOp>();
   } else if (op && h.a > op->capacity) {
     // Too large for the receive that matches it: that receive fails, the bytes are dropped.
@@ -72,9 +72,9 @@ Status TcpConnection::drainBlockedLocked(std::unique_lock<std::mutex>& lock) {
 }
 
 void TcpConnection::acceptRtsLocked(const FrameHeader& h, const std::shared_ptr<RecvOp>& op) {
-  if (!signaturesAgree(op->req->signature, h.b)) {
-    sendCtsLocked(h.seq, false, op->req->signature);
-    op->req->fail(signatureMismatch(peer_, h.b, rank_, op->req->signature));
+  if (!signaturesAgree(op->signature, h.b)) {
+    sendCtsLocked(h.seq, false, op->signature);
+    op->req->fail(signatureMismatch(peer_, h.b, rank_, op->signature));
     return;
   }
   if (h.a > op->capacity) {
@@ -151,8 +151,8 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       }
       s.inPayload = true;
       s.remaining = s.payloadLen = h.a;
-      if (op && !signaturesAgree(op->req->signature, h.b)) {
-        op->req->fail(signatureMismatch(peer_, h.b, rank_, op->req->signature));
+      if (op && !signaturesAgree(op->signature, h.b)) {
+        op->req->fail(signatureMismatch(peer_, h.b, rank_, op->signature));
         s.sink = Sink::Discard;
         s.target = nullptr;
       } else if (op && h.a <= op->capacity) {
@@ -185,7 +185,7 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
       awaitingCts_.erase(it);
       if ((h.flags & 1) == 0) {
         op->req->fail((h.flags & 2) != 0
-                          ? signatureMismatch(peer_, h.a, rank_, op->req->signature)
+                          ? signatureMismatch(peer_, h.a, rank_, op->signature)
                           : Status::error(ErrorCode::InvalidUsage,
                                           strFormat("rank %d's matching receive (tag %u) is smaller than this "
                                                     "message of %zu bytes",
@@ -308,8 +308,8 @@ ReceiveConsumer* TcpConnection::consumerOf(const RecvOp& op) const {
   // A receive matched as its message arrives: its bytes can go to its consumer. One that took its
   // message from the unexpected queue (op.ux, or no request) was copied already; the waiter hands
   // its buffer on then.
-  const bool takes = options_.consume && op.req && op.req->consumer && !op.ux && op.buf != nullptr;
-  return takes ? op.req->consumer.get() : nullptr;
+  const bool takes = options_.consume && op.req && op.consumer && !op.ux && op.buf != nullptr;
+  return takes ? op.consumer.get() : nullptr;
 }
 
 }  // namespace tcp
