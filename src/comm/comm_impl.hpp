@@ -140,22 +140,11 @@ class CommImpl : public Progressable, public coll::CommView {
   const LinkProperties& link(int peer) const override { return links_[static_cast<size_t>(peer)]; }
   const LinkProperties& nodeLink() const override { return nodeLink_; }
   std::string describeLink(int peer) const { return conns_[static_cast<size_t>(peer)]->describe(); }
-  /// The node's shared arena (shared-memory transport), or nullptr.
-  const LocalArena* arena() const override {
-    for (const auto& t : transports_)
-      if (const auto* p = dynamic_cast<const ArenaProvider*>(t.get()))
-        if (const LocalArena* a = p->arena()) return a;
-    return nullptr;
-  }
-
-  /// Where peers' device memory is mapped (CUDA IPC transport), or nullptr when no transport
-  /// shares device memory with the node's peers.
-  cuda_ipc::IpcMemCache* ipcCache() const {
-    for (const auto& t : transports_)
-      if (auto* p = dynamic_cast<cuda_ipc::IpcCacheProvider*>(t.get()))
-        if (cuda_ipc::IpcMemCache* m = p->ipcCache()) return m;
-    return nullptr;
-  }
+  /// The node's shared arena (a transport's ArenaProvider), or nullptr.
+  const LocalArena* arena() const override { return arena_; }
+  /// Where peers' device memory is mapped (a transport's IpcCacheProvider), or nullptr when no
+  /// transport shares device memory with the node's peers.
+  cuda_ipc::IpcMemCache* ipcCache() const { return ipcCache_; }
 
   // ---- Cost model inputs measured at init (comm/tune.hpp); unset unless LOOM_TUNE. ----
   void setLink(const LinkModel& m) { link_ = m; }
@@ -230,6 +219,9 @@ class CommImpl : public Progressable, public coll::CommView {
   std::shared_ptr<void> deviceState_;  // comm/device_staging.cc
   int ranksOnThisMachine_ = 1;         // ranks whose boot id is this rank's (network namespaces split nodes)
   NodeMap nodes_;                      // set once while joining, before any user call
+  // The transports' services, found once when the links are up (every collective asks).
+  const LocalArena* arena_ = nullptr;
+  cuda_ipc::IpcMemCache* ipcCache_ = nullptr;
 };
 
 }  // namespace detail

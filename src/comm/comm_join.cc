@@ -118,6 +118,12 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
       }
   }
   conns_[static_cast<size_t>(rank)] = std::make_unique<SelfConnection>(rank);
+  for (const auto& t : transports_) {
+    if (const auto* p = dynamic_cast<const ArenaProvider*>(t.get()); p != nullptr && arena_ == nullptr)
+      arena_ = p->arena();
+    if (auto* p = dynamic_cast<cuda_ipc::IpcCacheProvider*>(t.get()); p != nullptr && ipcCache_ == nullptr)
+      ipcCache_ = p->ipcCache();
+  }
 
   // 4. Wait until every rank is connected, so nobody leaves while another still needs the store.
   store.setString("ready/" + std::to_string(rank), "1");
