@@ -106,7 +106,8 @@ std::map<int, std::vector<Socket>> Handshakes::run(const std::map<int, Endpoints
     if (ctx_.failure && ctx_.failure->failed()) throw ctx_.failure->first().toError(ctx_.rank);
     if (ctx_.deadline.expired()) throwTimeout();
     connectDue();
-    // Poll the listeners, then every pending socket (a placeholder where one waits to retry).
+    // Poll the listeners, then every pending socket (fd -1, ignored by poll, for one that waits to
+    // retry its connect).
     std::vector<pollfd> fds;
     for (const auto& l : listeners_) fds.push_back({l.fd(), POLLIN, 0});
     const size_t nl = listeners_.size();
