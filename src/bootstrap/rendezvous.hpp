@@ -23,6 +23,8 @@
 
 namespace loom {
 
+class TcpStoreServer;
+
 constexpr size_t kUniqueIdBytes = 128;
 
 struct UniqueIdFields {
@@ -44,7 +46,7 @@ struct StoreAccess {
   std::string endpoint;          ///< "host:port" of the store, for messages
   JobKey key{};
   Nonce commId{};
-  std::shared_ptr<void> keepAlive;  ///< a store server this communicator keeps running, if any
+  std::shared_ptr<TcpStoreServer> keepAlive;  ///< a store server this communicator keeps running, if any
 };
 
 StoreAccess connectWithUniqueId(const UniqueIdFields& id, int rank, const Deadline& deadline,

@@ -68,7 +68,7 @@ void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int6
                            ? a.count * a.elem * static_cast<size_t>(c.size())
                            : a.count * a.elem;
   const Algo algo = chooseAlgo(c, kind, bytes);
-  c.enterCall(seq, sig, coll::algoName(algo));
+  c.diagnostics().enterCall(seq, sig, coll::algoName(algo));
   coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo), sig);
   switch (kind) {
     case Coll::AllReduce:

@@ -10,6 +10,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "collectives/plan.hpp"
+#include "comm/device_state.hpp"
 #include "comm/dump_signal.hpp"
 #include "comm/store_keys.hpp"
 #include "core/format.hpp"
@@ -45,7 +46,9 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
       options_(options),
       name_(options.name.empty() ? "loom" : options.name),
       failure_(std::make_shared<FailureState>()),
-      access_(std::move(access)) {
+      access_(std::move(access)),
+      diag_(rank, size, name_, access_.store, failure_),
+      links_(rank, size) {
   LogRankScope logScope(rank);
   timeout_ = options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(timeoutParam() * 1000);
   const auto initTimeout =
@@ -68,26 +71,16 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
   store.setString("join/" + std::to_string(rank), me);
 
   // 2. Publish every transport's endpoint, then wait for everyone to have joined.
-  engine_ = std::make_unique<ProgressEngine>(rank);
-  sendEngine_ = std::make_unique<ProgressEngine>(rank);
-  try {
-    join(options, sockets, deadline, origin);
-  } catch (...) {
-    // Members are destroyed in reverse order without the destructor: stop the engine thread
-    // first so that it never touches a connection being freed.
-    engine_->stop();
-    sendEngine_->stop();
-    for (auto& t : transports_) t->stop();
-    conns_.clear();
-    throw;
-  }
+  // A join that throws leaves the link table to its destructor, which stops its threads before
+  // the links go.
+  join(options, sockets, deadline, origin);
   registerForDump(this);
 }
 
 CommImpl::~CommImpl() {
   unregisterForDump(this);
   failure_->setHook(nullptr);
-  if (failure_->failed()) leaveRecord();
+  if (failure_->failed()) diag_.leaveRecord();
   if (progress_) progress_->detach();
   // The peers still connected learn why this rank goes: the failure that stopped it, if any
   // (their own error then names the rank that caused it), else that it was destroyed.
@@ -95,20 +88,13 @@ CommImpl::~CommImpl() {
                    ? failure_->first()
                    : Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was destroyed", name_.c_str()));
   if (queue_) queue_->shutdown(bye);
-  engine_->stop();
-  sendEngine_->stop();
-  for (auto& t : transports_) t->stop();
-  for (auto& c : conns_)
-    if (c) c->failAll(bye);
-  conns_.clear();
-  transports_.clear();
+  links_.close(bye);
 }
 
 void CommImpl::failEverything(const Status& status) {
   // Connections first: that fails the request a queued collective waits on, so that the queue's
   // worker returns and shutdown() can join it.
-  for (auto& c : conns_)
-    if (c) c->failAll(status);
+  links_.failAll(status);
   if (queue_) queue_->shutdown(status);
 }
 
@@ -130,6 +116,14 @@ void CommImpl::checkPeer(int peer, const char* what) const {
   }
 }
 
+Registration CommImpl::registerMemory(int peer, const void* addr, size_t bytes) const {
+  checkPeer(peer, "registerMemory");
+  Status error;
+  Registration r = links_.registerMemory(peer, addr, bytes, &error);
+  if (r == nullptr) throw error.toError(rank_);
+  return r;
+}
+
 size_t CommImpl::checkBuffer(const void* buf, size_t count, DataType type, const char* what) const {
   const int t = static_cast<int>(type);
   if (t < 0 || t > static_cast<int>(DataType::Bfloat16)) {
@@ -149,19 +143,19 @@ size_t CommImpl::checkBuffer(const void* buf, size_t count, DataType type, const
 
 RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what) {
   auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_, progress_);
-  conns_[static_cast<size_t>(peer)]->isend(req, SendSpec{buf, bytes, tag, 0});
+  links_.to(peer).isend(req, SendSpec{buf, bytes, tag, 0});
   return req;
 }
 
 RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what) {
   auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_, progress_);
-  conns_[static_cast<size_t>(peer)]->irecv(req, RecvSpec{buf, bytes, tag, 0, nullptr});
+  links_.to(peer).irecv(req, RecvSpec{buf, bytes, tag, 0, nullptr});
   return req;
 }
 
 RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig) {
   auto req = std::make_shared<Request>(rank_, peer, label, timeout_, failure_, progress_);
-  conns_[static_cast<size_t>(peer)]->isend(req, SendSpec{buf, bytes, tag, sig});
+  links_.to(peer).isend(req, SendSpec{buf, bytes, tag, sig});
   return req;
 }
 
@@ -172,7 +166,7 @@ RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, c
     req->consumer = consumer;  // for the waiter, where the link did not hand the bytes on
     req->consumerBuffer = buf;
   }
-  conns_[static_cast<size_t>(peer)]->irecv(req, RecvSpec{buf, bytes, tag, sig, std::move(consumer)});
+  links_.to(peer).irecv(req, RecvSpec{buf, bytes, tag, sig, std::move(consumer)});
   return req;
 }
 
@@ -210,7 +204,7 @@ RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)
                                         timeout_, failure_);
   done->setQueue(progress_);
   done->diagnoseOnTimeout = true;
-  for (int64_t k = 0; k < seqs; ++k) flight_.queued(seq + k, sig);
+  for (int64_t k = 0; k < seqs; ++k) diag_.flight().queued(seq + k, sig);
   queue_->submit(done, [this, body = std::move(body), seq] {
     AttendScope attend(progress_);
     runRecorded(seq, body);
@@ -230,9 +224,9 @@ RequestPtr CommImpl::submitUnnumbered(const std::string& what, std::function<siz
   return done;
 }
 
-std::shared_ptr<void> CommImpl::deviceState(const std::function<std::shared_ptr<void>()>& make) {
+std::shared_ptr<coll::DeviceState> CommImpl::deviceState(device::DeviceRuntime& rt) {
   std::lock_guard<std::mutex> lock(deviceMu_);
-  if (!deviceState_) deviceState_ = make();
+  if (!deviceState_) deviceState_ = std::make_shared<coll::DeviceState>(rt);
   return deviceState_;
 }
 
@@ -240,10 +234,10 @@ void CommImpl::runRecorded(int64_t seq, FunctionRef<void(int64_t)> body) {
   try {
     body(seq);
   } catch (...) {
-    flight_.finished(seq, false);
+    diag_.flight().finished(seq, false);
     throw;
   }
-  flight_.finished(seq, true);
+  diag_.flight().finished(seq, true);
 }
 
 bool CommImpl::runInlineIfIdle(FunctionRef<void(int64_t)> body, uint64_t sig) {
@@ -251,7 +245,7 @@ bool CommImpl::runInlineIfIdle(FunctionRef<void(int64_t)> body, uint64_t sig) {
   return queue_->runInlineIfIdle([&] {
     AttendScope attend(progress_);
     const int64_t seq = nextSeq_.fetch_add(1);
-    flight_.queued(seq, sig);
+    diag_.flight().queued(seq, sig);
     runRecorded(seq, body);
   });
 }
@@ -260,34 +254,21 @@ void CommImpl::runQueued(const detail::Request* done) noexcept {
   if (queue_) queue_->runQueuedUntil(done);
 }
 
-bool CommImpl::pollPeer(int peer) noexcept {
-  return peer >= 0 && peer < size_ && conns_[static_cast<size_t>(peer)]->poll();
-}
+bool CommImpl::pollPeer(int peer) noexcept { return peer >= 0 && peer < size_ && links_.poll(peer); }
 
-bool CommImpl::pollAnother(int peer) noexcept {
-  if (size_ <= 2) return false;
-  // One of the others, in turn (never this rank, whose self connection needs no polling).
-  unsigned k = nextPolled_.fetch_add(1, std::memory_order_relaxed) % static_cast<unsigned>(size_ - 1);
-  int other = static_cast<int>(k) >= rank_ ? static_cast<int>(k) + 1 : static_cast<int>(k);
-  if (other == peer) return false;
-  return conns_[static_cast<size_t>(other)]->poll();
-}
+bool CommImpl::pollAnother(int peer) noexcept { return links_.pollAnother(peer); }
 
 void CommImpl::beginPolling(int peer) noexcept {
-  if (peer >= 0 && peer < size_) conns_[static_cast<size_t>(peer)]->pollBegin();
+  if (peer >= 0 && peer < size_) links_.pollBegin(peer);
 }
 
 void CommImpl::endPolling(int peer) noexcept {
-  if (peer >= 0 && peer < size_) conns_[static_cast<size_t>(peer)]->pollEnd();
+  if (peer >= 0 && peer < size_) links_.pollEnd(peer);
 }
 
-void CommImpl::attend(bool on) noexcept {
-  for (auto& t : transports_) t->attend(on);
-}
+void CommImpl::attend(bool on) noexcept { links_.attend(on); }
 
-void CommImpl::waiting(bool on) noexcept {
-  for (auto& t : transports_) t->waiting(on);
-}
+void CommImpl::waiting(bool on) noexcept { links_.waiting(on); }
 
 uint8_t* CommImpl::scratch(size_t bytes, int slot) {
   auto& v = scratch_[slot];
@@ -302,7 +283,7 @@ uint8_t* CommImpl::scratch(size_t bytes, int slot) {
 void CommImpl::barrierBody(int64_t seq) {
   const uint32_t tag = collectiveTag(seq);
   const uint64_t sig = makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0);
-  enterCall(seq, sig, "dissemination");
+  diag_.enterCall(seq, sig, "dissemination");
   uint8_t token = 0, sink = 0;
   for (const auto& round : planDisseminationBarrier(rank_, size_)) {
     Label in, out;

@@ -1,8 +1,9 @@
 // CommImpl: the communicator behind loom::Communicator and loomComm_t.
 //
-// Owns, in destruction order: the op queue (stopped first), the progress engines (a receive thread
-// and a send thread, stopped before connections go), the connections (one per peer, a SelfConnection for itself), the
-// transports, the store and, on the rank that hosts it, a reference keeping the store server up.
+// Owns, in destruction order: the op queue (stopped first), the link table (transport/link_table.hpp:
+// the connections, their transports and the progress engines, stopped before the links go), the
+// diagnostics (comm/diagnostics.hpp), the store and, on the rank that hosts it, a reference
+// keeping the store server up.
 //
 // Threads: isend/irecv and the collective entry points may be called from any thread. abort()
 // from any thread. Collectives run in call order on the OpQueue.
@@ -19,20 +20,25 @@
 
 #include "bootstrap/rendezvous.hpp"
 #include "collectives/comm_view.hpp"
-#include "comm/flight_recorder.hpp"
+#include "comm/diagnostics.hpp"
 #include "comm/op_queue.hpp"
 #include "core/function_ref.hpp"
 #include "core/progress_engine.hpp"
 #include "core/request.hpp"
 #include "loom/loom.hpp"
 #include "transport/cuda_ipc/ipc_mem_cache.hpp"
+#include "transport/link_table.hpp"
 #include "transport/shm/arena.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
+namespace device {
+class DeviceRuntime;
+}
 namespace coll {
 class Selector;
-}
+class DeviceState;
+}  // namespace coll
 namespace detail {
 
 using coll::collectiveTag;  // the collectives' tag space (collectives/comm_view.hpp)
@@ -103,48 +109,35 @@ class CommImpl : public Progressable, public coll::CommView {
   /// What a thread attends while it runs a blocking operation of this communicator (AttendScope).
   const std::shared_ptr<ProgressHook>& progressHook() const { return progress_; }
   void waiting(bool on) noexcept override;
-  void check() noexcept override;
+  void check() noexcept override { diag_.check(); }
 
-  /// A collective starts on this rank: its sequence number and signature, published to the
-  /// node's peers (the shared arena) so that a peer in another call is named, not waited for.
-  /// `algo` is a static string (the flight recorder keeps the pointer).
-  void enterCall(int64_t seq, uint64_t sig, const char* algo);
-  /// The first local peer in collective `seq` with a signature other than `sig`, as an error;
-  /// success when there is none (or no shared arena).
-  Status localCallMismatch(int64_t seq, uint64_t sig) const override;
+  /// A local peer in collective `seq` under another signature, as an error (Diagnostics).
+  Status localCallMismatch(int64_t seq, uint64_t sig) const override { return diag_.localCallMismatch(seq, sig); }
 
-  // ---- Hang diagnosis (comm/flight_recorder.hpp). ----
-  /// Gathers the ranks' flight records through the store (those waiting in Loom answer within a
-  /// second or two) and returns the report for the collective this rank is in ("" when none).
-  std::string diagnose() noexcept override;
+  // ---- Where the ranks are: flight recorder, dump requests, hang reports (comm/diagnostics.hpp). ----
+  Diagnostics& diagnostics() { return diag_; }
+  /// For a wait that timed out: the hang report of the collective this rank is in.
+  std::string diagnose() noexcept override { return diag_.diagnose(); }
   void runQueued(const detail::Request* done) noexcept override;
-  /// The report for collective `seq` from whatever records answer within `waitFor`.
-  std::string hangReport(int64_t seq, std::chrono::milliseconds waitFor);
-  const FlightRecorder& flightRecorder() const { return flight_; }
-  /// What a dump signal prints (comm/dump_signal.hpp): this rank's recent collectives and, inside
-  /// one, the hang report.
-  std::string dumpText();
   /// Runs collective `seq` and records in the flight recorder whether it finished or failed.
   void runRecorded(int64_t seq, FunctionRef<void(int64_t)> body);
-  /// Publishes this rank's record if a dump was requested since it last did (store counter).
-  void answerDumpRequests();
-  /// Publishes this failed rank's final record as the answer to every dump request, later ones
-  /// included (it is going away and will answer no more); best effort.
-  void leaveRecord() noexcept;
 
   // ---- Which ranks share a node (can share memory; core/topology.hpp), learnt at join. ----
   const NodeMap& nodes() const override { return nodes_; }
 
   /// The name of the transport linking this rank to `peer` ("self" for this rank), for logs.
-  const std::string& transportOf(int peer) const { return transportOf_[static_cast<size_t>(peer)]; }
-  const LinkProperties& link(int peer) const override { return links_[static_cast<size_t>(peer)]; }
-  const LinkProperties& nodeLink() const override { return nodeLink_; }
-  std::string describeLink(int peer) const { return conns_[static_cast<size_t>(peer)]->describe(); }
+  const std::string& transportOf(int peer) const { return links_.transportOf(peer); }
+  const LinkProperties& link(int peer) const override { return links_.properties(peer); }
+  const LinkProperties& nodeLink() const override { return links_.nodeLink(); }
+  std::string describeLink(int peer) { return links_.to(peer).describe(); }
+  /// Registers [addr, addr + bytes) with the transport linking this rank to `peer` (for this rank
+  /// itself: the range without keys), for a zero-copy path to that peer; throws Error on failure.
+  Registration registerMemory(int peer, const void* addr, size_t bytes) const;
   /// The node's shared arena (a transport's ArenaProvider), or nullptr.
-  const LocalArena* arena() const override { return arena_; }
+  const LocalArena* arena() const override { return links_.arena(); }
   /// Where peers' device memory is mapped (a transport's IpcCacheProvider), or nullptr when no
   /// transport shares device memory with the node's peers.
-  cuda_ipc::IpcMemCache* ipcCache() const { return ipcCache_; }
+  cuda_ipc::IpcMemCache* ipcCache() const { return links_.ipcCache(); }
 
   // ---- Cost model inputs measured at init (comm/tune.hpp); unset unless LOOM_TUNE. ----
   void setLink(const LinkModel& m) { link_ = m; }
@@ -161,9 +154,9 @@ class CommImpl : public Progressable, public coll::CommView {
   StoreAccess shrinkAccess(std::chrono::milliseconds wait, int* newRank, int* newSize);
   const Options& options() const { return options_; }
 
-  /// The state of collectives on device buffers (comm/device_staging.cc): made by `make`
-  /// on first use, then the same for the communicator's lifetime.
-  std::shared_ptr<void> deviceState(const std::function<std::shared_ptr<void>()>& make);
+  /// The state of operations on device buffers (comm/device_state.hpp): made with `rt` on first
+  /// use, then the same for the communicator's lifetime.
+  std::shared_ptr<coll::DeviceState> deviceState(device::DeviceRuntime& rt);
 
   // ---- Errors and lifetime. ----
   void abort();
@@ -180,9 +173,6 @@ class CommImpl : public Progressable, public coll::CommView {
   bool runInlineIfIdle(FunctionRef<void(int64_t)> body, uint64_t sig);
   void join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin);
   void failEverything(const Status& status);
-  /// Notes this rank's first failure in the store, for the peers whose link to it breaks without
-  /// a word (TransportContext::lastWordOf). Best effort and bounded in time.
-  void leaveWord(const Status& status);
   /// Reads every rank's host identity from the store and groups the ranks by node.
   void mapNodes(Store& store, const Deadline& deadline);
 
@@ -195,33 +185,18 @@ class CommImpl : public Progressable, public coll::CommView {
   std::shared_ptr<FailureState> failure_;
   std::shared_ptr<ProgressHook> progress_;
   StoreAccess access_;
-  std::unique_ptr<ProgressEngine> engine_;      // reads
-  std::unique_ptr<ProgressEngine> sendEngine_;  // finishes writes
-  std::vector<std::unique_ptr<Transport>> transports_;
-  std::vector<std::unique_ptr<Connection>> conns_;  // by rank
-  std::vector<std::string> transportOf_;            // by rank
-  std::vector<LinkProperties> links_;               // by rank
-  LinkProperties nodeLink_;
+  Diagnostics diag_;
+  LinkTable links_;  // the connections, their transports and progress engines
   std::unique_ptr<OpQueue> queue_;
   std::atomic<int64_t> nextSeq_{0};
-  std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
-  std::atomic<int64_t> currentSeq_{-1};  // the collective this rank is in (enterCall)
-  FlightRecorder flight_;
-  std::atomic<int64_t> lastDumpPoll_{0};  // when check() last looked for a dump request (Clock ticks)
-  std::mutex dumpMu_;
-  int64_t answeredDump_ = 0;  // the last dump request this rank answered (the store's counter)
-  std::atomic<uint64_t> currentSig_{0};
   std::atomic<bool> aborted_{false};
   std::vector<uint8_t> scratch_[kScratchSlots];
   std::optional<LinkModel> link_;
   std::shared_ptr<const coll::Selector> selector_;
   std::mutex deviceMu_;
-  std::shared_ptr<void> deviceState_;  // comm/device_staging.cc
-  int ranksOnThisMachine_ = 1;         // ranks whose boot id is this rank's (network namespaces split nodes)
-  NodeMap nodes_;                      // set once while joining, before any user call
-  // The transports' services, found once when the links are up (every collective asks).
-  const LocalArena* arena_ = nullptr;
-  cuda_ipc::IpcMemCache* ipcCache_ = nullptr;
+  std::shared_ptr<coll::DeviceState> deviceState_;
+  int ranksOnThisMachine_ = 1;  // ranks whose boot id is this rank's (network namespaces split nodes)
+  NodeMap nodes_;               // set once while joining, before any user call
 };
 
 }  // namespace detail

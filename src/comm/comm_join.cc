@@ -20,7 +20,6 @@
 #include "core/signature.hpp"
 #include "core/topology.hpp"
 #include "transport/registry.hpp"
-#include "transport/self_connection.hpp"
 
 namespace loom {
 namespace detail {
@@ -35,8 +34,6 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   ctx.store = &store;
   ctx.key = access_.key;
   ctx.commId = access_.commId;
-  ctx.engine = engine_.get();
-  ctx.sendEngine = sendEngine_.get();
   ctx.failure = failure_;
   ctx.deadline = deadline;
   ctx.socketsPerPeer = sockets;
@@ -44,10 +41,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
     auto v = store->getBounded(lastWordKey(peer), Deadline(wait), kStoreNoteLimit);
     return v ? std::string(v->begin(), v->end()) : std::string();
   };
-  for (const auto& e : entries) {
-    transports_.push_back(e.make());
-    transports_.back()->publish(ctx);
-  }
+  links_.publish(ctx, entries);
 
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back("join/" + std::to_string(r));
@@ -77,53 +71,8 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   // node, then the network). Every rank runs the transports in the same order, and each one's
   // setup waits only on the peers it connects, so no two ranks wait on each other crosswise.
   ctx.nodeOf = nodes_.nodeOf;
-  std::vector<std::vector<int>> peersOf(transports_.size());
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) continue;
-    size_t t = 0;
-    while (t < transports_.size() && !transports_[t]->reaches(ctx, r)) ++t;
-    if (t == transports_.size()) {
-      std::string names;
-      for (const auto& e : entries) names += (names.empty() ? "" : ", ") + std::string(e.name);
-      LOOM_THROW_PEER(ErrorCode::InvalidArgument, rank, r,
-                      strFormat("no allowed transport (%s) reaches rank %d, which is on another node (node %d; this "
-                                "rank is on node %d): shared memory links only ranks of one node; allow tcp in "
-                                "LOOM_TRANSPORT",
-                                names.c_str(), r, nodeOf(r), nodeOf(rank)));
-    }
-    peersOf[t].push_back(r);
-  }
-  conns_.resize(static_cast<size_t>(size));
-  transportOf_.assign(static_cast<size_t>(size), "self");
-  links_.assign(static_cast<size_t>(size), selfLinkProperties());
-  for (size_t t = 0; t < transports_.size(); ++t) {
-    if (peersOf[t].empty()) continue;
-    auto conns = transports_[t]->connect(ctx, peersOf[t]);
-    for (size_t i = 0; i < peersOf[t].size(); ++i) {
-      conns_[static_cast<size_t>(peersOf[t][i])] = std::move(conns[i]);
-      transportOf_[static_cast<size_t>(peersOf[t][i])] = transports_[t]->name();
-      links_[static_cast<size_t>(peersOf[t][i])] = transports_[t]->properties();
-    }
-  }
-  // The link two ranks of one node would get, decided alike on every rank (a rank alone on its
-  // node included): the first transport that reaches a peer when every rank shares this node.
-  nodeLink_ = selfLinkProperties();
-  if (size > 1) {
-    TransportContext oneNode = ctx;
-    oneNode.nodeOf.assign(static_cast<size_t>(size), 0);
-    for (const auto& t : transports_)
-      if (t->reaches(oneNode, (rank + 1) % size)) {
-        nodeLink_ = t->properties();
-        break;
-      }
-  }
-  conns_[static_cast<size_t>(rank)] = std::make_unique<SelfConnection>(rank);
-  for (const auto& t : transports_) {
-    if (const auto* p = dynamic_cast<const ArenaProvider*>(t.get()); p != nullptr && arena_ == nullptr)
-      arena_ = p->arena();
-    if (auto* p = dynamic_cast<cuda_ipc::IpcCacheProvider*>(t.get()); p != nullptr && ipcCache_ == nullptr)
-      ipcCache_ = p->ipcCache();
-  }
+  links_.connect(ctx);
+  diag_.setArena(links_.arena());
 
   // 4. Wait until every rank is connected, so nobody leaves while another still needs the store.
   store.setString("ready/" + std::to_string(rank), "1");
@@ -139,7 +88,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
 
   queue_ = std::make_unique<OpQueue>(rank);
   failure_->setHook([this](const Status& s) {
-    leaveWord(s);
+    diag_.leaveWord(s);
     failEverything(s);
   });
   progress_ = std::make_shared<ProgressHook>(this);
@@ -148,12 +97,12 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
               origin.c_str(), access_.endpoint.c_str(), static_cast<double>(timeout_.count()) / 1000.0);
     LOOM_INFO("node %d of %d, local rank %d of %d", nodeOf(rank), nodeCount(), localRank(), localSize());
     for (int r = 0; r < size; ++r)
-      if (r != rank) LOOM_INFO("%s", conns_[static_cast<size_t>(r)]->describe().c_str());
+      if (r != rank) LOOM_INFO("%s", links_.to(r).describe().c_str());
   }
   if (logLevel() >= LogLevel::Info) {
     std::map<std::string, std::vector<int>> byTransport;
     for (int r = 0; r < size; ++r)
-      if (r != rank) byTransport[transportOf_[static_cast<size_t>(r)]].push_back(r);
+      if (r != rank) byTransport[links_.transportOf(r)].push_back(r);
     std::string summary;
     for (const auto& [t, ranks] : byTransport)
       summary += strFormat("%s%s to rank(s) %s", summary.empty() ? "" : "; ", t.c_str(), rankList(ranks).c_str());

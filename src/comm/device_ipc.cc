@@ -62,7 +62,7 @@ void runAlone(device::DeviceRuntime& rt, Coll kind, const Args& a, device::Strea
 
 void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t seq, DeviceState& st) {
   device::DeviceRuntime& rt = st.rt();
-  comm.enterCall(seq, sig, kAlgo);
+  comm.diagnostics().enterCall(seq, sig, kAlgo);
   Context ctx(comm, seq, collName(kind), kAlgo, sig);
   const int n = comm.size(), me = comm.rank();
   const auto N = static_cast<size_t>(n), ME = static_cast<size_t>(me);

@@ -95,10 +95,7 @@ uint8_t* DeviceState::slot(int i, size_t bytes) { return grow(slots_[static_cast
 
 uint8_t* DeviceState::deviceScratch(size_t bytes) { return grow(scratch_, bytes, false); }
 
-std::shared_ptr<DeviceState> stateOf(detail::CommImpl& c, device::DeviceRuntime& rt) {
-  return std::static_pointer_cast<DeviceState>(
-      c.deviceState([&rt] { return std::static_pointer_cast<void>(std::make_shared<DeviceState>(rt)); }));
-}
+std::shared_ptr<DeviceState> stateOf(detail::CommImpl& c, device::DeviceRuntime& rt) { return c.deviceState(rt); }
 
 void waitEvent(device::DeviceRuntime& rt, device::EventHandle e, const detail::CommImpl& c, const Deadline& deadline,
                const char* what) {

@@ -53,7 +53,7 @@ void watch() {
     if (n <= 0) return;
     std::lock_guard<std::mutex> lock(reg.mu);
     for (CommImpl* c : reg.live) {
-      const std::string text = c->dumpText();
+      const std::string text = c->diagnostics().dumpText();
       std::fprintf(stderr, "%s", text.c_str());
       std::fflush(stderr);
     }

@@ -8,6 +8,7 @@
 // the order they were sent. The communicator's progress engines drive connections (one thread
 // reads, one finishes writes); a Connection starts no thread of its own. The shared-memory
 // transport has its own progress thread (shm/shm_engine.hpp says why), stopped through stop().
+// A transport whose links touch user memory in place registers it (registration.hpp).
 //
 // Ownership: the communicator owns transports and connections; connections hold a raw
 // back-reference to the engine, which the communicator stops before destroying them.
@@ -27,6 +28,7 @@
 #include "core/receive_consumer.hpp"
 #include "core/request.hpp"
 #include "transport/link_properties.hpp"
+#include "transport/registration.hpp"
 
 namespace loom {
 
@@ -115,6 +117,22 @@ class Transport {
   virtual void publish(TransportContext& ctx) = 0;
   /// Connects to every rank in `peers`, all ranks at once; returns connections indexed like peers.
   virtual std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) = 0;
+  /// Registers [addr, addr + bytes) for this transport's links (registration.hpp): a transport
+  /// whose properties say needsRegistration touches only registered memory in place, and keeps
+  /// registrations for reuse in its RegistrationCache. The range stays registered while the result
+  /// is held. This default, for transports that need none, returns the range without keys. On
+  /// failure returns null and sets *error. Any thread.
+  virtual Registration registerMemory(const void* addr, size_t bytes, Status* error) {
+    return registerKeyless(addr, bytes, error);
+  }
+  /// The default's registration: the range, no keys; null and *error for a null address.
+  static Registration registerKeyless(const void* addr, size_t bytes, Status* error) {
+    if (addr == nullptr) {
+      *error = Status::error(ErrorCode::InvalidArgument, "cannot register memory at a null address");
+      return nullptr;
+    }
+    return keylessRegistration(addr, bytes);
+  }
   /// Stops any thread of the transport's own (shared memory's progress thread), so that the
   /// communicator can destroy the connections next. Idempotent.
   virtual void stop() noexcept {}

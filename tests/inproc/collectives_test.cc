@@ -561,7 +561,7 @@ TEST(HangReport, ARankThatLeftAfterFailingStillAnswers) {
         // Never sent either: fails when rank 2's communicator fails and closes its links.
         int y = 0;
         EXPECT_THROW(c.irecv(&y, 1, DataType::Int32, 2, 98).wait(std::chrono::seconds(15)), loom::Error);
-        reports[static_cast<size_t>(c.rank())] = c.impl()->hangReport(1, std::chrono::milliseconds(1500));
+        reports[static_cast<size_t>(c.rank())] = c.impl()->diagnostics().hangReport(1, std::chrono::milliseconds(1500));
       },
       o);
   (void)results;

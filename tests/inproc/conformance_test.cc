@@ -5,6 +5,9 @@
 //     posted before and after their messages;
 //   - buffers at odd addresses on both sides;
 //   - many tags at once, matched per tag in send order whatever order the receives come in;
+//   - memory registered and deregistered while messages flow (registration.hpp): a registration
+//     covers what was asked and names it for the peer, and the traffic is unharmed, also through
+//     buffers freed and allocated again between messages;
 //   - a peer that fails: every pending request (receives on several tags, announced sends not
 //     yet taken) fails with an error naming that peer, and none hangs.
 // The self link (a rank's messages to itself) is checked alike where it applies.
@@ -12,9 +15,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/comm_impl.hpp"
 #include "common/ranks.hpp"
 
 using loom::DataType;
@@ -121,6 +127,64 @@ TEST_P(Conformance, ManyTagsMatchPerTagInSendOrder) {
     for (int m = 0; m < 2 * kTags; ++m)
       ASSERT_TRUE(samePattern(in[static_cast<size_t>(m)], 0, in[static_cast<size_t>(m)].size(), peer, c.rank(), m))
           << "message " << m % 2 << " of tag " << m / 2;
+  });
+}
+
+TEST_P(Conformance, RegistrationAndDeregistrationUnderTraffic) {
+  loomtest::TransportSetup links(GetParam());
+  runOk(2, [&](loom::Communicator& c) {
+    const int peer = 1 - c.rank();
+    loom::detail::CommImpl& impl = *c.impl();
+    // Another thread of the rank registers and drops buffers it allocates and frees, all along.
+    std::atomic<bool> stop{false};
+    std::atomic<int> churned{0};
+    std::thread churn([&] {
+      for (size_t k = 0; !stop.load() || churned.load() < 50; ++k) {
+        std::vector<uint8_t> b(((k % 7) + 1) << 18);
+        loom::Registration r = impl.registerMemory(peer, b.data() + k % 5, b.size() - 5);
+        if (!r->covers(b.data() + k % 5, b.size() - 5)) ADD_FAILURE() << "a registration misses its range";
+        churned.fetch_add(1);
+      }
+    });
+    int msg = 0;
+    for (size_t n : {size_t{1}, size_t{65537}, (size_t{3} << 20) + 5, size_t{1} << 20, (size_t{3} << 20) + 5}) {
+      // Fresh buffers each time: the large ones are freed and most likely handed out again at the
+      // same addresses, where a stale registration would show.
+      auto out = std::make_unique<uint8_t[]>(n);
+      auto in = std::make_unique<uint8_t[]>(n);
+      for (size_t i = 0; i < n; ++i) out[i] = pattern(c.rank(), peer, msg, i);
+      loom::Registration rs = impl.registerMemory(peer, out.get(), n);
+      loom::Registration rr = impl.registerMemory(peer, in.get(), n);
+      ASSERT_TRUE(rs->covers(out.get(), n));
+      ASSERT_TRUE(rr->covers(in.get(), n));
+      // The receiver names its buffer for the peer, as a one-sided write would need.
+      const loom::RemoteMemory mine = rr->remote(in.get(), n);
+      loom::RemoteMemory theirs;
+      auto rm = c.irecv(&theirs, sizeof theirs, DataType::Uint8, peer, 30);
+      c.isend(&mine, sizeof mine, DataType::Uint8, peer, 30).wait();
+      rm.wait();
+      EXPECT_EQ(theirs.bytes, n);
+      EXPECT_NE(theirs.addr, 0u);
+      auto r = c.irecv(in.get(), n, DataType::Uint8, peer, 31);
+      auto s = c.isend(out.get(), n, DataType::Uint8, peer, 31);
+      rs.reset();  // dropped while its message may still move: a transport holds its own for that
+      r.wait();
+      s.wait();
+      rr.reset();
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(in[i], pattern(peer, c.rank(), msg, i)) << "size " << n << " byte " << i;
+      ++msg;
+    }
+    stop.store(true);
+    churn.join();
+    // Bad input is refused, not crashed on.
+    try {
+      impl.registerMemory(peer, nullptr, 8);
+      ADD_FAILURE() << "a null address was registered";
+    } catch (const loom::Error& e) {
+      EXPECT_EQ(e.code(), loom::ErrorCode::InvalidArgument);
+    }
+    EXPECT_THROW(impl.registerMemory(7, &stop, 8), loom::Error);
+    EXPECT_NE(impl.registerMemory(c.rank(), &msg, sizeof msg), nullptr);  // its own rank: no keys needed
   });
 }
 

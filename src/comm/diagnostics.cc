@@ -1,39 +1,32 @@
-// CommImpl, diagnostics: the call each rank is in (published to the node's peers, so that one in
-// another call is named), the flight records gathered into a hang report, dump requests, and a
-// failing rank's last word and final record in the store.
-#include <unistd.h>
+// Diagnostics (comm/diagnostics.hpp): the call each rank is in, dump requests and hang reports,
+// a failing rank's last word and final record.
+#include "comm/diagnostics.hpp"
 
-#include <algorithm>
-#include <cstring>
-#include <limits>
 #include <map>
 #include <thread>
+#include <vector>
 
-#include "bootstrap/auth.hpp"
-#include "collectives/plan.hpp"
-#include "comm/comm_impl.hpp"
-#include "comm/dump_signal.hpp"
 #include "comm/store_keys.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
-#include "core/param.hpp"
 #include "core/signature.hpp"
-#include "core/topology.hpp"
-#include "transport/registry.hpp"
-#include "transport/self_connection.hpp"
 
 namespace loom {
 namespace detail {
 
-void CommImpl::leaveWord(const Status& status) {
+Diagnostics::Diagnostics(int rank, int size, std::string name, std::shared_ptr<Store> store,
+                         std::shared_ptr<FailureState> failure)
+    : rank_(rank), size_(size), name_(std::move(name)), store_(std::move(store)), failure_(std::move(failure)) {}
+
+void Diagnostics::leaveWord(const Status& status) {
   // Before the links close: a peer that sees one break without a word looks here (lastWordOf).
   if (size_ == 1) return;
   const std::string word = status.message.substr(0, kMaxWordBytes);
-  if (!access_.store->setBounded(lastWordKey(rank_), Bytes(word.begin(), word.end()), kStoreNoteLimit))
+  if (!store_->setBounded(lastWordKey(rank_), Bytes(word.begin(), word.end()), kStoreNoteLimit))
     LOOM_INFO("could not leave this rank's word in the rendezvous store");
 }
 
-void CommImpl::leaveRecord() noexcept {
+void Diagnostics::leaveRecord() noexcept {
   // A failed rank's record no longer changes: it answers every dump request, those made after it
   // left too (a peer whose hang report is still gathering when this rank's wait failed because
   // another rank went, and this rank leaves before it looked for the request again).
@@ -41,23 +34,23 @@ void CommImpl::leaveRecord() noexcept {
   try {
     std::lock_guard<std::mutex> lock(dumpMu_);
     const std::string text = publishedFlight(kFinalRecord, flight_.serialize());
-    if (access_.store->setBounded(flightKey(rank_), Bytes(text.begin(), text.end()), kStoreNoteLimit))
+    if (store_->setBounded(flightKey(rank_), Bytes(text.begin(), text.end()), kStoreNoteLimit))
       answeredDump_ = kFinalRecord;
   } catch (...) {
     // The store is gone (rank 0 left): nobody can ask.
   }
 }
 
-void CommImpl::enterCall(int64_t seq, uint64_t sig, const char* algo) {
+void Diagnostics::enterCall(int64_t seq, uint64_t sig, const char* algo) {
   flight_.running(seq, sig, algo);
   currentSig_.store(sig, std::memory_order_relaxed);
   currentSeq_.store(seq, std::memory_order_release);
-  if (const LocalArena* a = arena())
+  if (const LocalArena* a = arena_)
     publishCall(a->current[static_cast<size_t>(a->me)], static_cast<uint64_t>(seq), sig);
 }
 
-Status CommImpl::localCallMismatch(int64_t seq, uint64_t sig) const {
-  const LocalArena* a = arena();
+Status Diagnostics::localCallMismatch(int64_t seq, uint64_t sig) const {
+  const LocalArena* a = arena_;
   if (a == nullptr || sig == 0) return Status::success();
   for (size_t i = 0; i < a->current.size(); ++i) {
     if (static_cast<int>(i) == a->me) continue;
@@ -72,7 +65,7 @@ Status CommImpl::localCallMismatch(int64_t seq, uint64_t sig) const {
   return Status::success();
 }
 
-void CommImpl::check() noexcept {
+void Diagnostics::check() noexcept {
   // About once a second of sleeping: answer a dump request (a timed-out peer, or loom-info --dump)
   // with this rank's flight record.
   const int64_t now = Clock::now().time_since_epoch().count();
@@ -92,7 +85,7 @@ void CommImpl::check() noexcept {
   failure_->fail(s);  // (s.seq names the collective)
 }
 
-std::string CommImpl::diagnose() noexcept {
+std::string Diagnostics::diagnose() noexcept {
   const int64_t seq = currentSeq_.load(std::memory_order_acquire);
   if (seq < 0) return "";
   try {
@@ -102,7 +95,7 @@ std::string CommImpl::diagnose() noexcept {
   }
 }
 
-std::string CommImpl::dumpText() {
+std::string Diagnostics::dumpText() {
   std::string out = strFormat("loom: rank %d of %d, communicator \"%s\": its last collectives, oldest first\n", rank_,
                               size_, name_.c_str());
   const std::vector<FlightEntry> entries = flight_.snapshot();
@@ -122,19 +115,19 @@ std::string CommImpl::dumpText() {
   return out;
 }
 
-void CommImpl::answerDumpRequests() {
+void Diagnostics::answerDumpRequests() {
   // Requests are numbered by the store's counter; a record answers every request up to its number.
-  const int64_t wanted = access_.store->add(kDumpRequestKey, 0);
+  const int64_t wanted = store_->add(kDumpRequestKey, 0);
   std::lock_guard<std::mutex> lock(dumpMu_);
   if (wanted <= answeredDump_) return;
-  access_.store->setString(flightKey(rank_), publishedFlight(wanted, flight_.serialize()));
+  store_->setString(flightKey(rank_), publishedFlight(wanted, flight_.serialize()));
   answeredDump_ = wanted;
 }
 
-std::string CommImpl::hangReport(int64_t seq, std::chrono::milliseconds waitFor) {
+std::string Diagnostics::hangReport(int64_t seq, std::chrono::milliseconds waitFor) {
   // Ask every rank for its record (sleeping waiters look about once a second, and ranks that are
   // asking too answer here), then take what has come when the time is up.
-  const int64_t request = access_.store->add(kDumpRequestKey, 1);
+  const int64_t request = store_->add(kDumpRequestKey, 1);
   std::map<int, std::vector<FlightEntry>> records;
   std::string cut;
   const Deadline deadline(waitFor);
@@ -143,7 +136,7 @@ std::string CommImpl::hangReport(int64_t seq, std::chrono::milliseconds waitFor)
       answerDumpRequests();
       for (int r = 0; r < size_; ++r) {
         if (records.count(r) != 0) continue;
-        if (auto v = access_.store->tryGet(flightKey(r))) {
+        if (auto v = store_->tryGet(flightKey(r))) {
           if (auto entries = readPublishedFlight(std::string(v->begin(), v->end()), request))
             records[r] = std::move(*entries);
         }

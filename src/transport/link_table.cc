@@ -1,0 +1,120 @@
+#include "transport/link_table.hpp"
+
+#include "core/format.hpp"
+#include "transport/self_connection.hpp"
+
+namespace loom {
+
+LinkTable::LinkTable(int rank, int size) : rank_(rank), size_(size), engine_(rank), sendEngine_(rank) {}
+
+LinkTable::~LinkTable() {
+  stopThreads();
+  conns_.clear();
+  transports_.clear();
+}
+
+void LinkTable::publish(TransportContext& ctx, const std::vector<TransportEntry>& entries) {
+  ctx.engine = &engine_;
+  ctx.sendEngine = &sendEngine_;
+  for (const auto& e : entries) {
+    transports_.push_back(e.make());
+    allowed_.emplace_back(e.name);
+    transports_.back()->publish(ctx);
+  }
+}
+
+void LinkTable::connect(TransportContext& ctx) {
+  const auto nodeOf = [&](int r) { return ctx.nodeOf[static_cast<size_t>(r)]; };
+  std::vector<std::vector<int>> peersOf(transports_.size());
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    size_t t = 0;
+    while (t < transports_.size() && !transports_[t]->reaches(ctx, r)) ++t;
+    if (t == transports_.size()) {
+      std::string names;
+      for (const auto& n : allowed_) names += (names.empty() ? "" : ", ") + n;
+      LOOM_THROW_PEER(ErrorCode::InvalidArgument, rank_, r,
+                      strFormat("no allowed transport (%s) reaches rank %d, which is on another node (node %d; this "
+                                "rank is on node %d): shared memory links only ranks of one node; allow tcp in "
+                                "LOOM_TRANSPORT",
+                                names.c_str(), r, nodeOf(r), nodeOf(rank_)));
+    }
+    peersOf[t].push_back(r);
+  }
+  const auto n = static_cast<size_t>(size_);
+  conns_.resize(n);
+  names_.assign(n, "self");
+  transportTo_.assign(n, nullptr);
+  props_.assign(n, selfLinkProperties());
+  for (size_t t = 0; t < transports_.size(); ++t) {
+    if (peersOf[t].empty()) continue;
+    auto conns = transports_[t]->connect(ctx, peersOf[t]);
+    for (size_t i = 0; i < peersOf[t].size(); ++i) {
+      const auto p = static_cast<size_t>(peersOf[t][i]);
+      conns_[p] = std::move(conns[i]);
+      names_[p] = transports_[t]->name();
+      transportTo_[p] = transports_[t].get();
+      props_[p] = transports_[t]->properties();
+    }
+  }
+  nodeLink_ = selfLinkProperties();
+  if (size_ > 1) {
+    TransportContext oneNode = ctx;
+    oneNode.nodeOf.assign(n, 0);
+    for (const auto& t : transports_)
+      if (t->reaches(oneNode, (rank_ + 1) % size_)) {
+        nodeLink_ = t->properties();
+        break;
+      }
+  }
+  conns_[static_cast<size_t>(rank_)] = std::make_unique<SelfConnection>(rank_);
+  // The transports' services, found once here (every collective asks).
+  for (const auto& t : transports_) {
+    if (const auto* p = dynamic_cast<const ArenaProvider*>(t.get()); p != nullptr && arena_ == nullptr)
+      arena_ = p->arena();
+    if (auto* p = dynamic_cast<cuda_ipc::IpcCacheProvider*>(t.get()); p != nullptr && ipcCache_ == nullptr)
+      ipcCache_ = p->ipcCache();
+  }
+}
+
+Registration LinkTable::registerMemory(int peer, const void* addr, size_t bytes, Status* error) const {
+  Transport* t = transportTo_[static_cast<size_t>(peer)];
+  return t != nullptr ? t->registerMemory(addr, bytes, error) : Transport::registerKeyless(addr, bytes, error);
+}
+
+bool LinkTable::pollAnother(int peer) noexcept {
+  if (size_ <= 2) return false;
+  // One of the others, in turn (never this rank, whose self connection needs no polling).
+  unsigned k = nextPolled_.fetch_add(1, std::memory_order_relaxed) % static_cast<unsigned>(size_ - 1);
+  int other = static_cast<int>(k) >= rank_ ? static_cast<int>(k) + 1 : static_cast<int>(k);
+  if (other == peer) return false;
+  return conns_[static_cast<size_t>(other)]->poll();
+}
+
+void LinkTable::attend(bool on) noexcept {
+  for (auto& t : transports_) t->attend(on);
+}
+
+void LinkTable::waiting(bool on) noexcept {
+  for (auto& t : transports_) t->waiting(on);
+}
+
+void LinkTable::failAll(const Status& status) noexcept {
+  for (auto& c : conns_)
+    if (c) c->failAll(status);
+}
+
+void LinkTable::stopThreads() noexcept {
+  engine_.stop();
+  sendEngine_.stop();
+  for (auto& t : transports_) t->stop();
+}
+
+void LinkTable::close(const Status& bye) noexcept {
+  stopThreads();
+  failAll(bye);
+  conns_.clear();
+  transports_.clear();
+}
+
+}  // namespace loom

@@ -1,0 +1,93 @@
+// LinkTable: one rank's links to every rank of a communicator, the transports that made them, and
+// what drives them: the communicator's progress engines (a thread that reads, one that finishes
+// writes) and the polls of its waiting threads. Nothing else in the communicator touches a
+// Connection or a Transport.
+//
+// Set-up, in join order: publish() makes the allowed transports and writes their endpoints into
+// the store; once every rank has joined and the node map is known, connect() links each peer by
+// the first transport that reaches it (every rank runs the transports in one order, and each one
+// waits only on the peers it links, so no two ranks wait on each other crosswise), and this rank
+// to itself by a SelfConnection.
+//
+// Tear-down: close(bye) stops the threads (the engines, a transport's own), fails every pending
+// request with `bye` (peers still linked hear it) and destroys the links; destroying a table that
+// was not closed (a join that failed) does the same without a word to the peers.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/progress_engine.hpp"
+#include "transport/cuda_ipc/ipc_mem_cache.hpp"
+#include "transport/registry.hpp"
+#include "transport/shm/arena.hpp"
+#include "transport/transport.hpp"
+
+namespace loom {
+
+class LinkTable {
+ public:
+  /// Starts the progress engines; their log lines show `rank`.
+  LinkTable(int rank, int size);
+  ~LinkTable();
+  LinkTable(const LinkTable&) = delete;
+  LinkTable& operator=(const LinkTable&) = delete;
+
+  /// Makes each transport of `entries` (in preference order) and publishes its endpoint; fills in
+  /// ctx's engines. Throws what a transport throws.
+  void publish(TransportContext& ctx, const std::vector<TransportEntry>& entries);
+  /// Links every peer (ctx.nodeOf set) within ctx.deadline; throws Error naming a peer that no
+  /// allowed transport reaches, or whatever a transport's connect throws.
+  void connect(TransportContext& ctx);
+
+  Connection& to(int peer) { return *conns_[static_cast<size_t>(peer)]; }
+  /// The transport's name linking to `peer` ("self" for this rank), for logs.
+  const std::string& transportOf(int peer) const { return names_[static_cast<size_t>(peer)]; }
+  const LinkProperties& properties(int peer) const { return props_[static_cast<size_t>(peer)]; }
+  /// The link two ranks of one node get, decided alike on every rank (a rank alone on its node
+  /// included): the first transport that reaches a peer when every rank shares this node.
+  const LinkProperties& nodeLink() const { return nodeLink_; }
+  /// The node's shared arena (a transport's ArenaProvider), or nullptr.
+  const LocalArena* arena() const { return arena_; }
+  /// Where peers' device memory is mapped (a transport's IpcCacheProvider), or nullptr.
+  cuda_ipc::IpcMemCache* ipcCache() const { return ipcCache_; }
+  /// Registers [addr, addr + bytes) with the transport linking to `peer` (for this rank itself:
+  /// the range without keys); null and *error on failure.
+  Registration registerMemory(int peer, const void* addr, size_t bytes, Status* error) const;
+
+  // ---- Progress by waiting threads (Connection::poll and the transports' hooks). ----
+  bool poll(int peer) noexcept { return conns_[static_cast<size_t>(peer)]->poll(); }
+  /// Polls one link other than `peer`'s and this rank's, taking them in turn.
+  bool pollAnother(int peer) noexcept;
+  void pollBegin(int peer) noexcept { conns_[static_cast<size_t>(peer)]->pollBegin(); }
+  void pollEnd(int peer) noexcept { conns_[static_cast<size_t>(peer)]->pollEnd(); }
+  void attend(bool on) noexcept;
+  void waiting(bool on) noexcept;
+
+  /// Fails every pending request with `status` and closes every link. Any thread.
+  void failAll(const Status& status) noexcept;
+  /// Stops the threads, fails what is pending with `bye`, and destroys the links. Idempotent.
+  void close(const Status& bye) noexcept;
+
+ private:
+  void stopThreads() noexcept;
+
+  const int rank_;
+  const int size_;
+  ProgressEngine engine_;      // reads (and accepts)
+  ProgressEngine sendEngine_;  // finishes writes
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<std::string> allowed_;                // the transports' names, for errors
+  std::vector<std::unique_ptr<Connection>> conns_;  // by rank
+  std::vector<std::string> names_;                  // by rank
+  std::vector<Transport*> transportTo_;             // by rank; null for this rank
+  std::vector<LinkProperties> props_;               // by rank
+  LinkProperties nodeLink_;
+  const LocalArena* arena_ = nullptr;
+  cuda_ipc::IpcMemCache* ipcCache_ = nullptr;
+  std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
+};
+
+}  // namespace loom
