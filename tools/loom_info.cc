@@ -37,6 +37,7 @@
 #include "loom_config.h"
 #include "net/interfaces.hpp"
 #include "settings_doc.hpp"
+#include "transport/memory_monitor.hpp"
 #include "transport/registry.hpp"
 #include "transport/shm/shm_transport.hpp"
 #include "transport/tcp/tcp_transport.hpp"
@@ -102,7 +103,14 @@ void printInfo() {
   }
   std::printf("Transports compiled in, in preference order:");
   for (const auto& t : loom::allTransports()) std::printf(" %s", t.name);
-  std::printf("\nInterfaces for TCP (LOOM_SOCKET_IFNAME / LOOM_SOCKET_FAMILY):\n");
+  std::printf("\n");
+  // What a transport that registers memory (pins it for a NIC) may do with registrations.
+  if (loom::MemoryMonitor::get() != nullptr) {
+    std::printf("Memory registrations: cached for reuse; libc's unmapping calls are watched (LOOM_MEMORY_HOOKS)\n");
+  } else {
+    std::printf("Memory registrations: kept only while in use (%s)\n", loom::MemoryMonitor::reason().c_str());
+  }
+  std::printf("Interfaces for TCP (LOOM_SOCKET_IFNAME / LOOM_SOCKET_FAMILY):\n");
   try {
     for (const auto& i : loom::selectedInterfaces()) std::printf("  %-10s %s\n", i.name.c_str(), i.addr.host().c_str());
   } catch (const loom::Error& e) {
