@@ -8,6 +8,8 @@
 
 #include <array>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -170,6 +172,17 @@ std::string install() {
 #else
   if (memoryHooks() == 0) return "LOOM_MEMORY_HOOKS=0";
   gPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  // libc will jump into this object's code from now on: it must never be unloaded (a Python
+  // extension's library may be dlclose'd). The main program never is.
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&loomHookMunmap), &self) == 0 || self.dli_fname == nullptr)
+    return "cannot find the object the hooks are in";
+  char exe[4096] = {0};
+  char obj[4096] = {0};
+  const bool inMain = realpath("/proc/self/exe", exe) != nullptr && realpath(self.dli_fname, obj) != nullptr &&
+                      std::strcmp(exe, obj) == 0;
+  if (!inMain && dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == nullptr)
+    return strFormat("cannot keep %s loaded for good", self.dli_fname);
   void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
   if (libc == nullptr) return "libc.so.6 is not loaded";
   gCurbrkVar = static_cast<void**>(dlsym(libc, "__curbrk"));
