@@ -94,13 +94,27 @@ struct Min {
   LOOM_INLINE float applyf(float a, float b) { return b < a ? b : a; }
 };
 
+// Element access that allows any address: operands are often not aligned to their type (a
+// message's payload inside a socket's read buffer, a user's buffer at an odd offset). A
+// fixed-size memcpy is one plain load or store, and the loops still vectorise.
+template <typename T>
+LOOM_INLINE T at(const T* p, size_t i) {
+  T v;
+  std::memcpy(&v, p + i, sizeof(T));
+  return v;
+}
+template <typename T>
+LOOM_INLINE void put(T* p, size_t i, T v) {
+  std::memcpy(p + i, &v, sizeof(T));
+}
+
 template <typename T, typename Op>
 LOOM_INLINE void loop(T* d, const T* a, const T* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = Op::template apply<T>(a[i], b[i]);
+  for (size_t i = 0; i < n; ++i) put(d, i, Op::template apply<T>(at(a, i), at(b, i)));
 }
 template <typename T, typename Op>
 LOOM_INLINE void loopHalf(T* d, const T* a, const T* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = fromFloat(Op::applyf(toFloat(a[i]), toFloat(b[i])), T{});
+  for (size_t i = 0; i < n; ++i) put(d, i, fromFloat(Op::applyf(toFloat(at(a, i)), toFloat(at(b, i))), T{}));
 }
 
 #if defined(__SANITIZE_THREAD__)
@@ -253,12 +267,12 @@ const Fn kTable[10][4] = {
 
 template <typename T>
 void divideInt(T* p, size_t n, int k) {
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(k));
+  for (size_t i = 0; i < n; ++i) put(p, i, static_cast<T>(at(p, i) / static_cast<T>(k)));
 }
 template <typename T>
 void divideHalf(T* p, size_t n, int k) {
   const float fk = static_cast<float>(k);
-  for (size_t i = 0; i < n; ++i) p[i] = fromFloat(toFloat(p[i]) / fk, T{});
+  for (size_t i = 0; i < n; ++i) put(p, i, fromFloat(toFloat(at(p, i)) / fk, T{}));
 }
 
 }  // namespace
@@ -288,12 +302,12 @@ void divide(void* buf, size_t n, DataType type, int k) {
       return divideHalf(static_cast<Bf16*>(buf), n, k);
     case DataType::Float32: {
       auto* p = static_cast<float*>(buf);
-      for (size_t i = 0; i < n; ++i) p[i] /= static_cast<float>(k);
+      for (size_t i = 0; i < n; ++i) put(p, i, at(p, i) / static_cast<float>(k));
       return;
     }
     case DataType::Float64: {
       auto* p = static_cast<double*>(buf);
-      for (size_t i = 0; i < n; ++i) p[i] /= static_cast<double>(k);
+      for (size_t i = 0; i < n; ++i) put(p, i, at(p, i) / static_cast<double>(k));
       return;
     }
   }

@@ -163,3 +163,33 @@ TEST(Kernels, AvgDividesOnce) {
   EXPECT_EQ(k::bf16ToFloat(h), 1.5f);
   EXPECT_STRNE(k::isaName(), "");
 }
+
+// Operands at any byte address, as a message's payload sits in a socket's read buffer: every type
+// and op, destination and operands each off their type's alignment, against the same reduction
+// on aligned copies. (Under UndefinedBehaviorSanitizer a typed load from such an address fails.)
+TEST(Kernels, OperandsAtAnyByteAddress) {
+  std::mt19937 rng(5);
+  const DataType types[] = {DataType::Int8,    DataType::Uint8,   DataType::Int32,   DataType::Uint32,
+                            DataType::Int64,   DataType::Uint64,  DataType::Float16, DataType::Float32,
+                            DataType::Float64, DataType::Bfloat16};
+  for (DataType t : types)
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg})
+      for (size_t n : {size_t{1}, size_t{3}, size_t{17}, size_t{1031}}) {
+        const size_t bytes = n * loom::sizeOf(t);
+        std::vector<uint8_t> a(bytes), b(bytes);
+        for (auto& x : a) x = static_cast<uint8_t>(rng() % 64);  // small finite values in every type
+        for (auto& x : b) x = static_cast<uint8_t>(rng() % 64);
+        std::vector<uint8_t> want(bytes);
+        k::reduce(want.data(), a.data(), b.data(), n, t, op);
+        if (op == ReduceOp::Avg) k::divide(want.data(), n, t, 2);
+        for (size_t off : {size_t{1}, size_t{3}, size_t{5}}) {
+          std::vector<uint8_t> ua(bytes + 8), ub(bytes + 8), ud(bytes + 8);
+          std::memcpy(ua.data() + off, a.data(), bytes);
+          std::memcpy(ub.data() + off + 1, b.data(), bytes);
+          k::reduce(ud.data() + off + 2, ua.data() + off, ub.data() + off + 1, n, t, op);
+          if (op == ReduceOp::Avg) k::divide(ud.data() + off + 2, n, t, 2);
+          ASSERT_EQ(std::memcmp(ud.data() + off + 2, want.data(), bytes), 0)
+              << loom::toString(t) << " " << loom::toString(op) << " n=" << n << " offset " << off;
+        }
+      }
+}
