@@ -16,6 +16,10 @@ LinkTable::~LinkTable() {
 void LinkTable::publish(TransportContext& ctx, const std::vector<TransportEntry>& entries) {
   ctx.engine = &engine_;
   ctx.sendEngine = &sendEngine_;
+  ctx.engineFor = [this](WakeWord wake) -> ProgressEngine& {
+    wordEngines_.push_back(std::make_unique<ProgressEngine>(rank_, wake));
+    return *wordEngines_.back();
+  };
   for (const auto& e : entries) {
     transports_.push_back(e.make());
     allowed_.emplace_back(e.name);
@@ -107,6 +111,7 @@ void LinkTable::failAll(const Status& status) noexcept {
 void LinkTable::stopThreads() noexcept {
   engine_.stop();
   sendEngine_.stop();
+  for (auto& e : wordEngines_) e->stop();
   for (auto& t : transports_) t->stop();
 }
 

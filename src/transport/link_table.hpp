@@ -1,7 +1,8 @@
 // LinkTable: one rank's links to every rank of a communicator, the transports that made them, and
-// what drives them: the communicator's progress engines (a thread that reads, one that finishes
-// writes) and the polls of its waiting threads. Nothing else in the communicator touches a
-// Connection or a Transport.
+// what drives them: every progress engine of the communicator (core/progress_engine.hpp: a thread
+// that reads sockets, one that finishes writes, and one per wake word a transport asks for) and the
+// polls of its waiting threads. Nothing else in the communicator touches a Connection or a
+// Transport, and no transport starts a thread of its own.
 //
 // Set-up, in join order: publish() makes the allowed transports and writes their endpoints into
 // the store; once every rank has joined and the node map is known, connect() links each peer by
@@ -36,7 +37,7 @@ class LinkTable {
   LinkTable& operator=(const LinkTable&) = delete;
 
   /// Makes each transport of `entries` (in preference order) and publishes its endpoint; fills in
-  /// ctx's engines. Throws what a transport throws.
+  /// ctx's engines (and engineFor, which makes more for this table). Throws what a transport throws.
   void publish(TransportContext& ctx, const std::vector<TransportEntry>& entries);
   /// Links every peer (ctx.nodeOf set) within ctx.deadline; throws Error naming a peer that no
   /// allowed transport reaches, or whatever a transport's connect throws.
@@ -76,8 +77,9 @@ class LinkTable {
 
   const int rank_;
   const int size_;
-  ProgressEngine engine_;      // reads (and accepts)
-  ProgressEngine sendEngine_;  // finishes writes
+  ProgressEngine engine_;                                     // reads (and accepts)
+  ProgressEngine sendEngine_;                                 // finishes writes
+  std::vector<std::unique_ptr<ProgressEngine>> wordEngines_;  // made by transports through ctx.engineFor
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<std::string> allowed_;                // the transports' names, for errors
   std::vector<std::unique_ptr<Connection>> conns_;  // by rank

@@ -5,9 +5,9 @@
 // through the Store and creates Connections to peers (every rank calls connect() collectively).
 // A Connection links this rank to one peer. Its isend/irecv never block and never throw: the
 // outcome arrives through the Request. Messages between one pair of ranks with one tag match in
-// the order they were sent. The communicator's progress engines drive connections (one thread
-// reads, one finishes writes); a Connection starts no thread of its own. The shared-memory
-// transport has its own progress thread (shm/shm_engine.hpp says why), stopped through stop().
+// the order they were sent. The link table's progress engines drive connections (one thread
+// reads sockets, one finishes writes, one polls each wake word's sources:
+// core/progress_engine.hpp); neither a Connection nor a Transport starts a thread of its own.
 // A transport whose links touch user memory in place registers it (registration.hpp).
 //
 // Ownership: the communicator owns transports and connections; connections hold a raw
@@ -25,14 +25,13 @@
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
 #include "core/deadline.hpp"
+#include "core/progress_engine.hpp"
 #include "core/receive_consumer.hpp"
 #include "core/request.hpp"
 #include "transport/link_properties.hpp"
 #include "transport/registration.hpp"
 
 namespace loom {
-
-class ProgressEngine;
 
 /// Tags with this bit belong to collectives (user tags stay below it). Transports may treat their
 /// messages differently: a collective's receiver posts its receives within a pipeline step.
@@ -90,6 +89,9 @@ struct TransportContext {
   Nonce commId{};                        ///< this communicator instance, so links of two communicators never mix
   ProgressEngine* engine = nullptr;      ///< reads (and accepts)
   ProgressEngine* sendEngine = nullptr;  ///< finishes writes the caller's thread could not
+  /// An engine that polls sources and sleeps on `wake` (core/progress_engine.hpp), owned and
+  /// stopped by the link table: for a transport whose peers wake it through memory.
+  std::function<ProgressEngine&(WakeWord wake)> engineFor;
   std::shared_ptr<FailureState> failure;
   Deadline deadline{std::chrono::milliseconds(0)};  ///< for setting up
   int socketsPerPeer = 2;

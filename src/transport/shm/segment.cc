@@ -1,10 +1,8 @@
 #include "transport/shm/segment.hpp"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <ctime>
 
 #include "core/format.hpp"
+#include "core/futex.hpp"
 #include "core/status.hpp"
 
 namespace loom {
@@ -205,15 +204,6 @@ void Segment::unlink() noexcept {
   if (!owned_) return;
   owned_ = false;
   shm_unlink(name_.c_str());
-}
-
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeoutMs) noexcept {
-  timespec ts{timeoutMs / 1000, static_cast<long>(timeoutMs % 1000) * 1000000L};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futexWakeAll(std::atomic<uint32_t>* word) noexcept {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 void ring(SegmentHeader* seg, bool urgent) noexcept {

@@ -132,12 +132,8 @@ class Segment {
   bool owned_ = false;  // we created it and have not unlinked it yet
 };
 
-// ---- Waiting on a doorbell across processes (shared futex). ----
+// ---- Waking the owner's progress engine across processes. ----
 
-/// Sleeps while *word == expected, at most `timeoutMs`.
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeoutMs) noexcept;
-/// Wakes every thread asleep on word.
-void futexWakeAll(std::atomic<uint32_t>* word) noexcept;
 /// Bumps `seg`'s doorbell and wakes its owner's sleeping progress thread, unless a thread of the
 /// owner is attending (inside an operation, polling the rings itself: it will see the bytes
 /// without a wake-up, and hands over to the progress thread when it leaves). A message that is

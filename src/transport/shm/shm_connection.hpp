@@ -10,8 +10,8 @@
 //
 // Threads: isend/irecv run on the caller's thread and copy into the ring at once when it has room
 // (no hand-off). A thread waiting on one of this connection's requests calls poll(), which reads
-// and writes from that thread; otherwise the transport's progress thread (ShmEngine) does, woken
-// through the segments' doorbells. inMu_ guards the receive side (the in-ring's reader, posted and
+// and writes from that thread; otherwise the progress engine polling it (shm_engine.hpp) does,
+// woken through the segments' doorbells. inMu_ guards the receive side (the in-ring's reader, posted and
 // unexpected receives), outMu_ the send side (the out-ring's writer, queued frames, sends
 // awaiting an answer); lock order inMu_ then outMu_. Ring copies are bounded pieces done under
 // the lock; a process_vm_readv runs unlocked, its receive held aside so that a failure meanwhile
@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/progress_engine.hpp"
 #include "transport/matching.hpp"
 #include "transport/shm/ring.hpp"
 #include "transport/transport.hpp"
@@ -40,7 +41,7 @@ struct ShmOptions {
   bool cma = true;                ///< cross-memory attach allowed (probed) for this pair
 };
 
-class ShmConnection : public Connection {
+class ShmConnection : public Connection, public ProgressSource {
  public:
   /// `mine` is this rank's segment header, `theirs` the peer's (both mapped by the transport,
   /// which outlives the connection). `peerPid` is the peer's pid as seen from this process.
@@ -59,7 +60,7 @@ class ShmConnection : public Connection {
 
   /// Moves whatever can move now from this thread (never blocks on another thread's copy);
   /// returns whether anything moved. For the engine and for waiters.
-  bool progress() noexcept;
+  bool progress() noexcept override;
   /// Fails everything pending if the peer's process is gone (its liveness mutex says so) and its
   /// ring holds nothing more to read. For the engine, now and then.
   void checkPeer() noexcept;
@@ -67,7 +68,8 @@ class ShmConnection : public Connection {
   bool hasWork() const noexcept;
   /// Whether the engine should look again before sleeping: work it can do now that no waiting
   /// thread is doing (a full ring does not count: the consumer rings when it frees room).
-  bool needsEngine() const noexcept;
+  bool needsEngine() const noexcept override;
+  void maintain() noexcept override { checkPeer(); }
   bool cmaEnabled() const { return cma_.load(std::memory_order_relaxed); }
 
  private:

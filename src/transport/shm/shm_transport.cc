@@ -137,7 +137,8 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
   }
   const size_t directBytes = (static_cast<size_t>(directParam) + 4095) / 4096 * 4096;
   mine_ = Segment::create(name, rank, slots, ringBytes, directBytes, ctx.commId);
-  engine_ = std::make_unique<ShmEngine>(rank, mine_.header());
+  engine_ = std::make_unique<ShmEngine>(mine_.header(),
+                                        ctx.engineFor(WakeWord{&mine_.header()->doorbell, &mine_.header()->sleepers}));
   engine_->start();
   store.setString("shm/" + std::to_string(rank),
                   strFormat("%s %zu %d %" PRIu64, name.c_str(), mine_.bytes(), static_cast<int>(getpid()),
