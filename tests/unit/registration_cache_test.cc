@@ -85,9 +85,12 @@ MemoryMonitor* monitorOrSkip() {
   }
   return m;
 }
-#define NEED_MONITOR(m)                                                                    \
-  MemoryMonitor* m = monitorOrSkip();                                                      \
-  if (m == nullptr) GTEST_SKIP() << "no memory monitor here: " << MemoryMonitor::reason(); \
+#define NEED_MONITOR(m)                                                                                        \
+  MemoryMonitor* m = monitorOrSkip();                                                                          \
+  if (m == nullptr)                                                                                            \
+    GTEST_SKIP()                                                                                               \
+        << "the memory hooks are not installed here (" << MemoryMonitor::reason()                              \
+        << "): they need x86-64 Linux with a glibc whose entries they know, and LOOM_MEMORY_HOOKS unset or 1"; \
   static_assert(true, "")
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -155,7 +158,9 @@ TEST(RegistrationCache, AnOverlappingRangeIsRegisteredAsTheUnion) {
 TEST(RegistrationCache, LeastRecentlyUsedIdleRegistrationsGoFirst) {
   RecordingRegistrar reg;
   RegistrationCache cache(reg, limits(2), MemoryMonitor::get());
-  if (!cache.caching()) GTEST_SKIP() << "no memory monitor here: " << MemoryMonitor::reason();
+  if (!cache.caching())
+    GTEST_SKIP() << "the memory hooks are not installed here (" << MemoryMonitor::reason()
+                 << "): they need x86-64 Linux with a glibc whose entries they know, and LOOM_MEMORY_HOOKS unset or 1";
   char* buf = mapPages(16);
   Status err;
   auto keyOf = [&](int page) { return cache.acquire(buf + page * 2 * kPage, kPage, &err)->localKey; };
@@ -176,7 +181,9 @@ TEST(RegistrationCache, LeastRecentlyUsedIdleRegistrationsGoFirst) {
 TEST(RegistrationCache, ABytesBoundEvictsAndHeldRegistrationsAreNeverEvicted) {
   RecordingRegistrar reg;
   RegistrationCache cache(reg, limits(100, 3 * kPage), MemoryMonitor::get());
-  if (!cache.caching()) GTEST_SKIP() << "no memory monitor here: " << MemoryMonitor::reason();
+  if (!cache.caching())
+    GTEST_SKIP() << "the memory hooks are not installed here (" << MemoryMonitor::reason()
+                 << "): they need x86-64 Linux with a glibc whose entries they know, and LOOM_MEMORY_HOOKS unset or 1";
   char* buf = mapPages(16);
   Status err;
   Registration x = cache.acquire(buf, 2 * kPage, &err);
@@ -244,7 +251,8 @@ TEST(RegistrationCache, RegistrationsMayOutliveTheCache) {
 
 TEST(MemoryMonitor, SeesLibcFreeUnmapALargeBlock) {
   NEED_MONITOR(m);
-  if (kSanitizerAllocator) GTEST_SKIP() << "a sanitizer's malloc replaces glibc's, whose free() this checks";
+  if (kSanitizerAllocator)
+    GTEST_SKIP() << "a sanitizer's malloc replaces glibc's, whose free() this checks: the plain build runs it";
   uint64_t cursor = m->published();
   const size_t n = 64u << 20;  // far above malloc's mmap threshold: its own mapping
   char* p = static_cast<char*>(std::malloc(n));
