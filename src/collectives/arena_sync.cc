@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "core/format.hpp"
+#include "core/progress_policy.hpp"
 
 namespace loom {
 namespace coll {
@@ -25,7 +26,7 @@ void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
   const auto& comm = c.comm();
   // Set at the first slow check: a barrier that passes at once reads no clock.
   Clock::time_point deadline = Clock::time_point::max();
-  const int pauses = detail::pauseSpinsBeforeYield().load(std::memory_order_relaxed);
+  const int pauses = progress::pauseSpins();
   for (size_t p = 0; p < ar.steps.size(); ++p) {
     if (static_cast<int>(p) == ar.me) continue;
     for (unsigned spins = 0; ar.steps[p]->load(std::memory_order_acquire) < target; ++spins) {

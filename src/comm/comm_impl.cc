@@ -259,11 +259,12 @@ bool CommImpl::pollPeer(int peer) noexcept { return peer >= 0 && peer < size_ &&
 bool CommImpl::pollAnother(int peer) noexcept { return links_.pollAnother(peer); }
 
 void CommImpl::beginPolling(int peer) noexcept {
-  if (peer >= 0 && peer < size_) links_.pollBegin(peer);
+  // A thread inside an attended operation counts once (AttendScope), not once more per link.
+  if (peer >= 0 && peer < size_) links_.pollBegin(peer, AttendScope::current() == nullptr);
 }
 
 void CommImpl::endPolling(int peer) noexcept {
-  if (peer >= 0 && peer < size_) links_.pollEnd(peer);
+  if (peer >= 0 && peer < size_) links_.pollEnd(peer, AttendScope::current() == nullptr);
 }
 
 void CommImpl::attend(bool on) noexcept { links_.attend(on); }

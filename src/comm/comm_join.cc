@@ -17,6 +17,7 @@
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
+#include "core/progress_policy.hpp"
 #include "core/signature.hpp"
 #include "core/topology.hpp"
 #include "transport/registry.hpp"
@@ -65,7 +66,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   // 2'. Which ranks share a node: equal host identities, numbered in order of their lowest rank.
   mapNodes(store, deadline);
 
-  noteRanksOnThisMachine(ranksOnThisMachine_);
+  progress::noteRanksOnThisMachine(ranksOnThisMachine_);
 
   // 3. Connect to every peer with the first transport that reaches it (shared memory within a
   // node, then the network). Every rank runs the transports in the same order, and each one's

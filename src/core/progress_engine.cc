@@ -11,20 +11,10 @@
 #include "core/format.hpp"
 #include "core/futex.hpp"
 #include "core/logging.hpp"
-#include "core/param.hpp"
+#include "core/progress_policy.hpp"
 #include "core/status.hpp"
 
 namespace loom {
-namespace {
-
-// The names say shared memory: its doorbell is the only wake word so far, and users set these.
-LOOM_PARAM_INT(engineSpinParam, "LOOM_SHM_ENGINE_SPIN_US", 20,
-               "microseconds a progress engine woken through a wake word (shared memory's) keeps looking for "
-               "work before it sleeps");
-LOOM_PARAM_INT(livenessMsParam, "LOOM_SHM_LIVENESS_MS", 100,
-               "how often (ms) a progress engine woken through a wake word checks that its peers still run");
-
-}  // namespace
 
 ProgressEngine::ProgressEngine(int rank) : rank_(rank) {
   epollFd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -34,11 +24,18 @@ ProgressEngine::ProgressEngine(int rank) : rank_(rank) {
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the wake-up fd
   epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev);
+  wake_.attending = &localAttending_;
+  wake_.waiters = &localWaiters_;
   planProgressBinding();
   thread_ = std::thread([this] { runDescriptors(); });
 }
 
-ProgressEngine::ProgressEngine(int rank, WakeWord wake) : rank_(rank), wake_(wake) {}
+ProgressEngine::ProgressEngine(int rank, WakeWord wake) : rank_(rank), wake_(wake) {
+  if (wake_.word == nullptr || wake_.sleepers == nullptr)
+    LOOM_THROW(ErrorCode::Internal, rank, "a wake-word engine needs the word and its sleepers count");
+  if (wake_.attending == nullptr) wake_.attending = &localAttending_;
+  if (wake_.waiters == nullptr) wake_.waiters = &localWaiters_;
+}
 
 ProgressEngine::~ProgressEngine() {
   stop();
@@ -66,10 +63,72 @@ void ProgressEngine::modify(int fd, PollHandler* handler, uint32_t events) {
 void ProgressEngine::remove(int fd) { epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr); }
 
 void ProgressEngine::add(ProgressSource* source) {
-  if (wake_.word == nullptr) LOOM_THROW(ErrorCode::Internal, rank_, "a source added to an engine over descriptors");
+  if (sealed_.load()) LOOM_THROW(ErrorCode::Internal, rank_, "a source added to a sealed progress engine");
   std::lock_guard<std::mutex> lock(mu_);
+  source->engine_ = this;
   sources_.push_back(source);
   version_.fetch_add(1);
+}
+
+void ProgressEngine::attend(bool on) noexcept {
+  if (wake_.word == nullptr) return;  // descriptors: readiness is the kernel's, nothing to hand over
+  if (on) {
+    wake_.attending->fetch_add(1, std::memory_order_seq_cst);
+    return;
+  }
+  if (wake_.attending->fetch_sub(1, std::memory_order_seq_cst) != 1) return;
+  // Writers that saw the count did not wake the engine for what they left meanwhile.
+  handOver(false);
+}
+
+void ProgressEngine::pollBegin(ProgressSource& source, bool alsoAttend) noexcept {
+  source.pollers_.fetch_add(1, std::memory_order_acq_rel);
+  if (alsoAttend) attend(true);
+}
+
+void ProgressEngine::pollEnd(ProgressSource& source, bool alsoAttend) noexcept {
+  if (source.pollers_.fetch_sub(1, std::memory_order_acq_rel) == 1) source.resume(false);
+  if (alsoAttend) attend(false);
+}
+
+void ProgressEngine::waiting(bool on) noexcept {
+  if (!on) {
+    wake_.waiters->fetch_sub(1, std::memory_order_seq_cst);
+    return;
+  }
+  wake_.waiters->fetch_add(1, std::memory_order_seq_cst);
+  // A writer that saw no waiter left its work without a wake-up: the engine must look now.
+  handOver(true);
+}
+
+void ProgressEngine::handOver(bool sleeper) noexcept {
+  const bool word = wake_.word != nullptr;
+  auto run = [&](const std::vector<ProgressSource*>& sources) {
+    bool wake = false;
+    for (auto* s : sources) {
+      s->resume(sleeper);
+      if (!word) continue;
+      // Taking in what is there from this thread costs less than waking the engine for it.
+      if (!sleeper && s->hasWork()) s->progress();
+      wake = wake || (sleeper ? s->hasWork() : s->needsEngine());
+    }
+    return wake;
+  };
+  bool wake;
+  if (sealed_.load(std::memory_order_acquire)) {
+    wake = run(sources_);
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake = run(sources_);
+  }
+  if (wake) wakeWord();
+}
+
+void ProgressEngine::wakeWord() noexcept {
+  // A thread that attends hands over itself when it leaves (attend).
+  if (wake_.attending->load(std::memory_order_seq_cst) != 0) return;
+  wake_.word->fetch_add(1, std::memory_order_seq_cst);
+  if (wake_.sleepers->load(std::memory_order_seq_cst) > 0) futexWakeAll(wake_.word);
 }
 
 void ProgressEngine::start(std::function<void()> atStart, std::function<void()> atExit) {
@@ -125,8 +184,8 @@ void ProgressEngine::runDescriptors() {
 }
 
 void ProgressEngine::runSources() {
-  const auto spin = std::chrono::microseconds(engineSpinParam());
-  const auto maintainEvery = std::chrono::milliseconds(std::max<int64_t>(10, livenessMsParam()));
+  const auto spin = progress::engineSpin();
+  const auto maintainEvery = progress::maintenancePeriod();
   std::vector<ProgressSource*> sources;
   uint32_t seenVersion = ~0u;
   auto lastMaintain = std::chrono::steady_clock::now();

@@ -1,68 +1,13 @@
 #include "core/request.hpp"
 
-#include <time.h>
-
 #include <algorithm>
 #include <thread>
 
 #include "core/format.hpp"
 #include "core/logging.hpp"
-#include "core/param.hpp"
+#include "core/progress_policy.hpp"
 
 namespace loom {
-namespace {
-
-// Long enough to ride out the skew between ranks that start a collective at slightly different
-// times (a DDP bucket started during backward: a tenth of it hid markedly less of the gradient
-// all-reduce in bench/ddp_overlap), short enough not to hold a core while a peer computes.
-// Back-to-back collectives never sleep, so it does not change them.
-LOOM_PARAM_INT(spinWaitUs, "LOOM_SPIN_WAIT_US", 500,
-               "microseconds of its own CPU time without progress a waiter keeps polling its connection before it "
-               "sleeps");
-// With more ranks than cores a waiter yields its core after every empty poll, so polling longer
-// costs the ranks that share the core little, while each sleep costs a wake-up through the progress
-// engine and a new placement by the scheduler, which can leave several spinning ranks on one core
-// for a while (docs/performance.md, "Why the defaults").
-LOOM_PARAM_INT(crowdedSpinWaitUs, "LOOM_CROWDED_SPIN_WAIT_US", 5000,
-               "LOOM_SPIN_WAIT_US with more ranks than cores on the machine");
-// However little CPU time a waiter gets, it looks at its deadline and at what would make the wait
-// hopeless (Progressable::check, from the sleep) at least this often.
-constexpr auto kSpinWallLimit = std::chrono::milliseconds(100);
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-LOOM_PARAM_INT(crowdedSleepParam, "LOOM_CROWDED_SLEEP_BYTES", 256 * 1024,
-               "with more ranks than cores, waits for collective messages this large sleep at once instead of "
-               "polling (0: always poll first)");
-
-// The spin budget counts this thread's own CPU time: with more ranks than cores, a waiter that the
-// scheduler left off its core for a millisecond (while its peer ran there) has not waited in vain,
-// and going to sleep then (a wake-up through the progress engine, and a fresh placement by the
-// scheduler) costs more than the message it waits for. With a core per rank the two clocks agree.
-std::chrono::nanoseconds threadCpuTime() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
-}
-
-std::chrono::microseconds spinBudget(bool crowded) {
-  static const int64_t alone = spinWaitUs();
-  static const int64_t shared = crowdedSpinWaitUs();
-  return std::chrono::microseconds(crowded ? shared : alone);
-}
-
-size_t crowdedSleepBytes() {
-  static const size_t v = static_cast<size_t>(std::max<int64_t>(0, crowdedSleepParam()));
-  return v == 0 ? SIZE_MAX : v;
-}
-
-}  // namespace
 
 bool FailureState::fail(const Status& s) {
   if (!record(s)) return false;
@@ -97,19 +42,7 @@ namespace detail {
 
 namespace {
 thread_local ProgressHook* tlAttended = nullptr;
-// How often a sleeping waiter looks for a hopeless wait.
-constexpr auto kCheckEvery = std::chrono::milliseconds(100);
 }  // namespace
-
-std::atomic<int>& pauseSpinsBeforeYield() {
-  static std::atomic<int> spins{kPauseSpinsAlone};
-  return spins;
-}
-
-void noteRanksOnThisMachine(int ranks) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (ranks > cores) pauseSpinsBeforeYield().store(kPauseSpinsCrowded);
-}
 
 AttendScope::AttendScope(const std::shared_ptr<ProgressHook>& hook) : hook_(hook.get()), previous_(tlAttended) {
   if (hook_ == nullptr) return;
@@ -202,15 +135,11 @@ void Request::runCallbacks(std::unique_lock<std::mutex>& lock) noexcept {
 bool Request::waitUntil(Clock::time_point deadline) {
   if (done()) return true;
   // First drive the peer's connection from this thread (no wake-up of a progress thread on the
-  // path), for as long as bytes keep moving; after LOOM_SPIN_WAIT_US (LOOM_CROWDED_SPIN_WAIT_US with
-  // more ranks than cores) of its own CPU time without progress, sleep and leave the rest to the
-  // progress threads.
-  const bool crowded = pauseSpinsBeforeYield().load(std::memory_order_relaxed) <= kPauseSpinsCrowded;
-  const auto budget = spinBudget(crowded);
-  // With more ranks than cores, a large transfer is not worth a core: spinning on it takes the CPU
-  // the network stack and the peers need, so the waiter sleeps and the progress threads move it.
-  const bool large = label_.has_value() && label_->bytes >= crowdedSleepBytes();
-  if (budget.count() > 0 && !(crowded && large)) {
+  // path), for as long as bytes keep moving; after the spin budget of its own CPU time without
+  // progress, sleep and leave the rest to the progress threads (core/progress_policy.hpp).
+  const auto budget = progress::waiterSpinBudget();
+  const bool sleepAtOnce = label_.has_value() && progress::waiterSleepsAtOnce(label_->bytes);
+  if (budget.count() > 0 && !sleepAtOnce) {
     if (progress_) progress_->begin(peer_);
     // Read at the first look at the clocks: most waits end before it, and the CPU clock's read is a
     // system call.
@@ -219,18 +148,18 @@ bool Request::waitUntil(Clock::time_point deadline) {
     bool finished = false;
     int idle = 0;
     bool progressed = false;
-    const int pauseSpins = pauseSpinsBeforeYield().load(std::memory_order_relaxed);
     for (unsigned spins = 0;; ++spins) {
       // Reading a clock costs as much as a poll (more on some virtual machines): look at them
       // every 64 rounds, and note progress as a flag in between.
       if ((spins & 63) == 63) {
-        const auto now = threadCpuTime();
+        const auto now = progress::threadCpuTime();
         const auto wall = Clock::now();
         if (progressed || lastProgress.count() < 0) {
           lastProgress = now;
           lastProgressWall = wall;
           progressed = false;
-        } else if (now - lastProgress >= budget || wall - lastProgressWall >= kSpinWallLimit || wall >= deadline) {
+        } else if (now - lastProgress >= budget || wall - lastProgressWall >= progress::kWaiterWallLimit ||
+                   wall >= deadline) {
           break;
         }
       }
@@ -244,10 +173,8 @@ bool Request::waitUntil(Clock::time_point deadline) {
       } else if ((spins & 15) == 15 && progress_ && progress_->pollAnother(peer_)) {
         // What other peers need of this rank (a CTS to read, a send to finish) moves too.
         progressed = true;
-      } else if (++idle < pauseSpins) {
-        cpuRelax();
       } else {
-        std::this_thread::yield();  // on an oversubscribed node, let the peer run
+        progress::pause(++idle);
       }
     }
     if (progress_) progress_->end(peer_);
@@ -265,7 +192,7 @@ bool Request::waitUntil(Clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mu_);
     ++sleepers_;
     for (;;) {
-      const auto slice = std::min(deadline, Clock::now() + kCheckEvery);
+      const auto slice = std::min(deadline, Clock::now() + progress::kSleeperCheckEvery);
       ok = cv_.wait_until(lock, slice, [this] { return done_.load(std::memory_order_acquire); });
       if (ok || slice >= deadline) break;
       if (progress_) {
@@ -311,7 +238,7 @@ void Request::wait(std::chrono::milliseconds timeout) {
 
 bool Request::test() {
   // Testing drives progress, as waiting does: a plain message a peer left in a shared-memory ring
-  // wakes no one while nobody waits (Transport::waiting).
+  // wakes no one while nobody waits (ProgressEngine::waiting).
   if (!done() && progress_) progress_->poll(peer_);
   if (!done()) return false;
   throwIfFailed();

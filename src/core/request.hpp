@@ -64,9 +64,9 @@ class Progressable {
   virtual bool pollAnother(int peer) noexcept = 0;
   virtual void beginPolling(int peer) noexcept = 0;
   virtual void endPolling(int peer) noexcept = 0;
-  /// A thread enters or leaves an operation in which it polls (Transport::attend).
+  /// A thread enters or leaves an operation in which it polls (ProgressEngine::attend).
   virtual void attend(bool on) noexcept = 0;
-  /// A thread goes to sleep in a wait, or wakes (Transport::waiting).
+  /// A thread goes to sleep in a wait, or wakes (ProgressEngine::waiting).
   virtual void waiting(bool on) noexcept = 0;
   /// Called now and then by a thread that has waited a while: looks for what would make the wait
   /// hopeless (a peer of this node in another collective call) and fails the communicator then.
@@ -79,7 +79,7 @@ class Progressable {
   virtual void runQueued(const detail::Request* done) noexcept = 0;
 };
 
-/// Lets a waiting thread drive its communicator's connections (see Connection::poll). Shared by
+/// Lets a waiting thread drive its communicator's connections (see ProgressSource::progress). Shared by
 /// the communicator and its requests; the communicator detaches it before it tears down, and
 /// detach() waits for calls in progress.
 class ProgressHook {
@@ -132,18 +132,6 @@ class ProgressHook {
 };
 
 namespace detail {
-
-/// Polls that find nothing before a spinning waiter yields its core. With a core per rank, a
-/// waiter spins on pause instructions (a message about to land must not cost a trip through the
-/// scheduler); with more ranks than cores it yields after every empty poll, so that the peer it waits
-/// for runs at once (yielding later more than doubled small all-reduces with 4 ranks on 2 cores).
-constexpr int kPauseSpinsAlone = 4096;
-constexpr int kPauseSpinsCrowded = 1;
-std::atomic<int>& pauseSpinsBeforeYield();
-/// Called by each communicator at join with its ranks on this machine (same boot id, even across
-/// network namespaces or containers): more than the cores here
-/// switches this process's waiters to yielding early.
-void noteRanksOnThisMachine(int ranks);
 
 /// Marks the calling thread as attending `hook`'s communicator for its lifetime (a collective
 /// running on it: it polls the connections itself, so transports need not wake their progress

@@ -16,8 +16,10 @@ LinkTable::~LinkTable() {
 void LinkTable::publish(TransportContext& ctx, const std::vector<TransportEntry>& entries) {
   ctx.engine = &engine_;
   ctx.sendEngine = &sendEngine_;
+  engines_ = {&engine_, &sendEngine_};
   ctx.engineFor = [this](WakeWord wake) -> ProgressEngine& {
     wordEngines_.push_back(std::make_unique<ProgressEngine>(rank_, wake));
+    engines_.push_back(wordEngines_.back().get());
     return *wordEngines_.back();
   };
   for (const auto& e : entries) {
@@ -72,6 +74,7 @@ void LinkTable::connect(TransportContext& ctx) {
       }
   }
   conns_[static_cast<size_t>(rank_)] = std::make_unique<SelfConnection>(rank_);
+  for (auto* e : engines_) e->seal();
   // The transports' services, found once here (every collective asks).
   for (const auto& t : transports_) {
     if (const auto* p = dynamic_cast<const ArenaProvider*>(t.get()); p != nullptr && arena_ == nullptr)
@@ -92,15 +95,25 @@ bool LinkTable::pollAnother(int peer) noexcept {
   unsigned k = nextPolled_.fetch_add(1, std::memory_order_relaxed) % static_cast<unsigned>(size_ - 1);
   int other = static_cast<int>(k) >= rank_ ? static_cast<int>(k) + 1 : static_cast<int>(k);
   if (other == peer) return false;
-  return conns_[static_cast<size_t>(other)]->poll();
+  return conns_[static_cast<size_t>(other)]->progress();
+}
+
+void LinkTable::pollBegin(int peer, bool alsoAttend) noexcept {
+  Connection& c = *conns_[static_cast<size_t>(peer)];
+  if (ProgressEngine* e = c.engine(); e != nullptr) e->pollBegin(c, alsoAttend);
+}
+
+void LinkTable::pollEnd(int peer, bool alsoAttend) noexcept {
+  Connection& c = *conns_[static_cast<size_t>(peer)];
+  if (ProgressEngine* e = c.engine(); e != nullptr) e->pollEnd(c, alsoAttend);
 }
 
 void LinkTable::attend(bool on) noexcept {
-  for (auto& t : transports_) t->attend(on);
+  for (auto* e : engines_) e->attend(on);
 }
 
 void LinkTable::waiting(bool on) noexcept {
-  for (auto& t : transports_) t->waiting(on);
+  for (auto* e : engines_) e->waiting(on);
 }
 
 void LinkTable::failAll(const Status& status) noexcept {
@@ -112,7 +125,6 @@ void LinkTable::stopThreads() noexcept {
   engine_.stop();
   sendEngine_.stop();
   for (auto& e : wordEngines_) e->stop();
-  for (auto& t : transports_) t->stop();
 }
 
 void LinkTable::close(const Status& bye) noexcept {

@@ -10,7 +10,7 @@
 // waits only on the peers it links, so no two ranks wait on each other crosswise), and this rank
 // to itself by a SelfConnection.
 //
-// Tear-down: close(bye) stops the threads (the engines, a transport's own), fails every pending
+// Tear-down: close(bye) stops the engines, fails every pending
 // request with `bye` (peers still linked hear it) and destroys the links; destroying a table that
 // was not closed (a join that failed) does the same without a word to the peers.
 #pragma once
@@ -58,12 +58,15 @@ class LinkTable {
   /// the range without keys); null and *error on failure.
   Registration registerMemory(int peer, const void* addr, size_t bytes, Status* error) const;
 
-  // ---- Progress by waiting threads (Connection::poll and the transports' hooks). ----
-  bool poll(int peer) noexcept { return conns_[static_cast<size_t>(peer)]->poll(); }
+  // ---- Progress by waiting threads: the connections' progress() and the engines' waiter
+  // protocol (core/progress_engine.hpp). ----
+  bool poll(int peer) noexcept { return conns_[static_cast<size_t>(peer)]->progress(); }
   /// Polls one link other than `peer`'s and this rank's, taking them in turn.
   bool pollAnother(int peer) noexcept;
-  void pollBegin(int peer) noexcept { conns_[static_cast<size_t>(peer)]->pollBegin(); }
-  void pollEnd(int peer) noexcept { conns_[static_cast<size_t>(peer)]->pollEnd(); }
+  /// A thread polls `peer`'s link until pollEnd; `alsoAttend` when it attends no operation.
+  void pollBegin(int peer, bool alsoAttend) noexcept;
+  void pollEnd(int peer, bool alsoAttend) noexcept;
+  /// ProgressEngine::attend and waiting, on every engine.
   void attend(bool on) noexcept;
   void waiting(bool on) noexcept;
 
@@ -80,6 +83,7 @@ class LinkTable {
   ProgressEngine engine_;                                     // reads (and accepts)
   ProgressEngine sendEngine_;                                 // finishes writes
   std::vector<std::unique_ptr<ProgressEngine>> wordEngines_;  // made by transports through ctx.engineFor
+  std::vector<ProgressEngine*> engines_;                      // all of the above
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<std::string> allowed_;                // the transports' names, for errors
   std::vector<std::unique_ptr<Connection>> conns_;  // by rank

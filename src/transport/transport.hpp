@@ -58,9 +58,12 @@ struct RecvSpec {
   std::shared_ptr<ReceiveConsumer> consumer;
 };
 
-class Connection {
+/// A link to one peer. What drives it is the ProgressSource it is (core/progress_engine.hpp):
+/// progress() from any thread, and the engine its transport added it to (none for a link that
+/// needs no driving).
+class Connection : public ProgressSource {
  public:
-  virtual ~Connection() = default;
+  ~Connection() override = default;
   virtual int peer() const = 0;
   /// Starts sending `spec.bytes` from spec.buf on spec.tag.
   virtual void isend(const RequestPtr& req, const SendSpec& spec) noexcept = 0;
@@ -70,14 +73,6 @@ class Connection {
   virtual void failAll(const Status& status) noexcept = 0;
   /// One line for logs: transport, sockets, addresses.
   virtual std::string describe() const = 0;
-  /// Called by a thread that waits on a request of this connection: moves whatever bytes can move
-  /// now without blocking, so that the waiter needs no hand-off from the progress threads.
-  /// Returns whether anything moved. Never blocks; any thread.
-  virtual bool poll() noexcept { return false; }
-  /// Brackets a thread's run of poll() calls: while one runs, the progress threads stay off this
-  /// connection's reads (no wake-up per packet), and they take over again after the last ends.
-  virtual void pollBegin() noexcept {}
-  virtual void pollEnd() noexcept {}
 };
 
 /// What a transport needs to set up its connections.
@@ -135,16 +130,6 @@ class Transport {
     }
     return keylessRegistration(addr, bytes);
   }
-  /// Stops any thread of the transport's own (shared memory's progress thread), so that the
-  /// communicator can destroy the connections next. Idempotent.
-  virtual void stop() noexcept {}
-  /// A thread of this rank enters (on) or leaves (off) an operation during which it polls its
-  /// connections itself (a collective, a wait's spin): while one is inside, a transport may skip
-  /// waking its progress thread for arriving bytes; on leaving, it hands over what is left.
-  virtual void attend(bool on) noexcept { (void)on; }
-  /// A thread of this rank goes to sleep in a wait (on), or wakes (off): the transport must then
-  /// complete requests from its progress thread.
-  virtual void waiting(bool on) noexcept { (void)on; }
 };
 
 }  // namespace loom

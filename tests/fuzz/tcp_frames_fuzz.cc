@@ -68,9 +68,9 @@ void writeAll(int fd, const uint8_t* p, size_t n, tcp::TcpConnection& conn, int 
     }
     if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;  // the connection closed its end
     // Full: let the connection read (and what it writes be taken).
-    const bool moved = conn.poll();
+    const bool moved = conn.progress();
     for (size_t i = 0; i < streams; ++i) drain(far[i]);
-    if (!moved && conn.poll() == false) {
+    if (!moved && conn.progress() == false) {
       // Nothing read: the reader holds back (a DATA frame waiting for its PUSH); give up this chunk.
       return;
     }
@@ -104,12 +104,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.stripeMinBytes = 512;
   options.pushBytes = 64 * 1024;
   options.readyBytes = 64 * 1024;
-  std::atomic<int> sleepers{0};
   std::vector<std::vector<uint8_t>> buffers;
   std::vector<RequestPtr> requests;
   {
-    tcp::TcpConnection conn(0, 1, std::move(near), &engine(), &engine(), failure, options, "fuzz peer", &sleepers);
-    conn.pollBegin();
+    tcp::TcpConnection conn(0, 1, std::move(near), &engine(), &engine(), failure, options, "fuzz peer");
+    engine().pollBegin(conn, false);
     for (int r = 0; r < receives && at + 2 <= size; ++r, at += 2) {
       const uint32_t tag = (data[at] & 3) | ((data[at] & 4) ? kCollectiveTagBit : 0u);
       const size_t bytes = static_cast<size_t>(data[at + 1]) * 257;
@@ -138,15 +137,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const size_t len = std::min<size_t>((c >> 1) + 1, size - at);
       writeAll(far[stream], data + at, len, conn, far, streams);
       at += len;
-      conn.poll();
+      conn.progress();
       for (size_t i = 0; i < streams; ++i) drain(far[i]);
     }
     for (size_t i = 0; i < streams; ++i) {
       close(far[i]);
       far[i] = -1;
     }
-    for (int i = 0; i < 4; ++i) conn.poll();
-    conn.pollEnd();
+    for (int i = 0; i < 4; ++i) conn.progress();
+    engine().pollEnd(conn, false);
   }  // destroying the connection fails what is still pending
   for (const auto& r : requests)
     if (!r->done()) __builtin_trap();  // every request ends, one way or the other

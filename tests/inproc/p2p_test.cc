@@ -10,6 +10,7 @@
 #include "comm/comm_impl.hpp"
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
+#include "core/progress_policy.hpp"
 #include "core/request.hpp"
 #include "net/socket.hpp"
 
@@ -126,7 +127,7 @@ TEST(P2P, TcpLowWaterMarkNeverHoldsBackATail) {
   const size_t kMark = 4096;
   loomtest::EnvGuard mark("LOOM_TCP_LOWAT", std::to_string(kMark));
   loomtest::EnvGuard eager("LOOM_EAGER_BYTES", "1024");  // larger messages go after a CTS, into the receive
-  loom::detail::noteRanksOnThisMachine(1 << 20);         // crowded, whatever this machine has
+  loom::progress::noteRanksOnThisMachine(1 << 20);       // crowded, whatever this machine has
   const size_t sizes[] = {kMark - 1, kMark,    kMark + 1,      2 * kMark + 3, 65537,
                           300001,    1u << 20, (1u << 20) + 7, 3 * kMark,     (5u << 20) + 11};
   loom::Options o;

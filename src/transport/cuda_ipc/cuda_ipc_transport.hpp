@@ -37,9 +37,6 @@ class CudaIpcTransport : public Transport, public ArenaProvider, public IpcCache
   bool reaches(const TransportContext& ctx, int peer) const override;
   void publish(TransportContext& ctx) override { shm_.publish(ctx); }
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
-  void stop() noexcept override { shm_.stop(); }
-  void attend(bool on) noexcept override { shm_.attend(on); }
-  void waiting(bool on) noexcept override { shm_.waiting(on); }
   const LocalArena* arena() const override { return shm_.arena(); }
   IpcMemCache* ipcCache() override { return &cache_; }
 

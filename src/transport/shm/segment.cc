@@ -208,7 +208,7 @@ void Segment::unlink() noexcept {
 
 void ring(SegmentHeader* seg, bool urgent) noexcept {
   // The bytes just published, then the look at `attending`: a store-load pair that needs a full
-  // fence; the owner's side is the read-modify-write in ShmEngine::attend, then its look at the
+  // fence; the owner's side is the read-modify-write in ProgressEngine::attend, then its look at the
   // rings. So either the owner sees the bytes when it stops attending, or we see it not attending.
 #if defined(__SANITIZE_THREAD__)
   // ThreadSanitizer does not model fences: a read-modify-write on `attending` orders the same

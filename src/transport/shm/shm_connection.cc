@@ -9,7 +9,6 @@
 #include "core/signature.hpp"
 #include "kernels/copy.hpp"
 #include "transport/shm/cma.hpp"
-#include "transport/shm/shm_engine.hpp"
 
 namespace loom {
 namespace shm {
@@ -23,8 +22,8 @@ constexpr uint64_t kMaxEagerBytes = 4u << 20;
 }  // namespace
 
 ShmConnection::ShmConnection(int rank, int peer, RingView in, RingView out, SegmentHeader* mine, SegmentHeader* theirs,
-                             pid_t peerPid, ShmEngine* engine, std::shared_ptr<FailureState> failure,
-                             ShmOptions options, std::string description)
+                             pid_t peerPid, std::shared_ptr<FailureState> failure, ShmOptions options,
+                             std::string description)
     : rank_(rank),
       peer_(peer),
       in_(in),
@@ -32,7 +31,6 @@ ShmConnection::ShmConnection(int rank, int peer, RingView in, RingView out, Segm
       mine_(mine),
       theirs_(theirs),
       peerPid_(peerPid),
-      engine_(engine),
       failure_(std::move(failure)),
       options_(options),
       description_(std::move(description)),
@@ -45,7 +43,7 @@ Status ShmConnection::malformed(const std::string& why) const {
 }
 
 void ShmConnection::updateBacklogLocked() {
-  // Called with the lock of whichever queue changed; the sum is a hint for pollEnd/hasWork.
+  // Called with the lock of whichever queue changed; the sum is a hint for hasWork.
   outBacklog_.store(static_cast<int>(outq_.size()), std::memory_order_relaxed);
 }
 
@@ -499,20 +497,10 @@ bool ShmConnection::hasWork() const noexcept {
 }
 
 bool ShmConnection::needsEngine() const noexcept {
-  if (pollers_.load(std::memory_order_relaxed) > 0) return false;
+  if (polled()) return false;
   return in_.readable() > 0 || cmaBacklog_.load(std::memory_order_relaxed) > 0 ||
          (outBacklog_.load(std::memory_order_relaxed) > 0 && out_.writable() > 0);
 }
 
-void ShmConnection::pollBegin() noexcept {
-  pollers_.fetch_add(1);
-  // A thread inside a collective attends already (AttendScope): no second write to the shared line.
-  if (detail::AttendScope::current() == nullptr) engine_->attend(true);
-}
-
-void ShmConnection::pollEnd() noexcept {
-  pollers_.fetch_sub(1);
-  if (detail::AttendScope::current() == nullptr) engine_->attend(false);
-}
 }  // namespace shm
 }  // namespace loom

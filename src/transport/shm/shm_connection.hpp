@@ -10,7 +10,7 @@
 //
 // Threads: isend/irecv run on the caller's thread and copy into the ring at once when it has room
 // (no hand-off). A thread waiting on one of this connection's requests calls poll(), which reads
-// and writes from that thread; otherwise the progress engine polling it (shm_engine.hpp) does,
+// and writes from that thread; otherwise the progress engine polling it (shm_transport.hpp) does,
 // woken through the segments' doorbells. inMu_ guards the receive side (the in-ring's reader, posted and
 // unexpected receives), outMu_ the send side (the out-ring's writer, queued frames, sends
 // awaiting an answer); lock order inMu_ then outMu_. Ring copies are bounded pieces done under
@@ -34,30 +34,23 @@
 namespace loom {
 namespace shm {
 
-class ShmEngine;
-
 struct ShmOptions {
   size_t eagerBytes = 64 * 1024;  ///< largest message copied through the ring unasked
   bool cma = true;                ///< cross-memory attach allowed (probed) for this pair
 };
 
-class ShmConnection : public Connection, public ProgressSource {
+class ShmConnection : public Connection {
  public:
   /// `mine` is this rank's segment header, `theirs` the peer's (both mapped by the transport,
   /// which outlives the connection). `peerPid` is the peer's pid as seen from this process.
   ShmConnection(int rank, int peer, RingView in, RingView out, SegmentHeader* mine, SegmentHeader* theirs,
-                pid_t peerPid, ShmEngine* engine, std::shared_ptr<FailureState> failure, ShmOptions options,
-                std::string description);
+                pid_t peerPid, std::shared_ptr<FailureState> failure, ShmOptions options, std::string description);
 
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
   void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
-  bool poll() noexcept override { return progress(); }
-  void pollBegin() noexcept override;
-  void pollEnd() noexcept override;
-
   /// Moves whatever can move now from this thread (never blocks on another thread's copy);
   /// returns whether anything moved. For the engine and for waiters.
   bool progress() noexcept override;
@@ -65,7 +58,7 @@ class ShmConnection : public Connection, public ProgressSource {
   /// ring holds nothing more to read. For the engine, now and then.
   void checkPeer() noexcept;
   /// Whether anything waits to be moved: unread bytes in the in-ring, queued frames, reads to do.
-  bool hasWork() const noexcept;
+  bool hasWork() const noexcept override;
   /// Whether the engine should look again before sleeping: work it can do now that no waiting
   /// thread is doing (a full ring does not count: the consumer rings when it frees room).
   bool needsEngine() const noexcept override;
@@ -135,7 +128,6 @@ class ShmConnection : public Connection, public ProgressSource {
   SegmentHeader* const mine_;  // valid while the transport lives, which outlives us
   SegmentHeader* const theirs_;
   const pid_t peerPid_;
-  ShmEngine* const engine_;  // the transport's; outlives us
   const std::shared_ptr<FailureState> failure_;
   const ShmOptions options_;
   const std::string description_;
@@ -165,7 +157,6 @@ class ShmConnection : public Connection, public ProgressSource {
   Status closedStatus_;
   std::atomic<int> outBacklog_{0};  // queued frames (outMu_ writes)
   std::atomic<int> cmaBacklog_{0};  // direct reads to run (inMu_ writes)
-  std::atomic<int> pollers_{0};
 };
 
 }  // namespace shm

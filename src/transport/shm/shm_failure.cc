@@ -10,7 +10,6 @@
 #include "kernels/copy.hpp"
 #include "transport/shm/cma.hpp"
 #include "transport/shm/shm_connection.hpp"
-#include "transport/shm/shm_engine.hpp"
 
 namespace loom {
 namespace shm {

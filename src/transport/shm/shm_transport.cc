@@ -1,5 +1,6 @@
 #include "transport/shm/shm_transport.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,10 +65,6 @@ LinkProperties ShmTransport::linkProperties() {
 }
 
 ShmTransport::~ShmTransport() { stop(); }
-
-void ShmTransport::stop() noexcept {
-  if (engine_) engine_->stop();
-}
 
 bool ShmTransport::reaches(const TransportContext& ctx, int peer) const {
   return !ctx.nodeOf.empty() && ctx.nodeOf[static_cast<size_t>(peer)] == ctx.nodeOf[static_cast<size_t>(ctx.rank)];
@@ -137,9 +134,13 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
   }
   const size_t directBytes = (static_cast<size_t>(directParam) + 4095) / 4096 * 4096;
   mine_ = Segment::create(name, rank, slots, ringBytes, directBytes, ctx.commId);
-  engine_ = std::make_unique<ShmEngine>(mine_.header(),
-                                        ctx.engineFor(WakeWord{&mine_.header()->doorbell, &mine_.header()->sleepers}));
-  engine_->start();
+  SegmentHeader* header = mine_.header();
+  engine_ = &ctx.engineFor(WakeWord{&header->doorbell, &header->sleepers, &header->attending, &header->waiters});
+  engine_->start([header] { pthread_mutex_lock(&header->alive); },
+                 [header] {
+                   header->closed.store(1);
+                   pthread_mutex_unlock(&header->alive);
+                 });
   store.setString("shm/" + std::to_string(rank),
                   strFormat("%s %zu %d %" PRIu64, name.c_str(), mine_.bytes(), static_cast<int>(getpid()),
                             static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&mine_.header()->cookie))));
@@ -209,8 +210,8 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
                                                   : "every message copied through the ring (LOOM_SHM_CMA=0)");
     std::string desc = strFormat("rank %d <-> rank %d: shm, rings of %s each way (segments %s, %s); %s", rank, p,
                                  bytesText(ringBytes).c_str(), name.c_str(), theirs.name().c_str(), how.c_str());
-    auto conn = std::make_unique<ShmConnection>(rank, p, in, outRing, mine_.header(), theirs.header(), pid,
-                                                engine_.get(), ctx.failure, opt, desc);
+    auto conn = std::make_unique<ShmConnection>(rank, p, in, outRing, mine_.header(), theirs.header(), pid, ctx.failure,
+                                                opt, desc);
     engine_->add(conn.get());
     out.push_back(std::move(conn));
   }

@@ -3,8 +3,8 @@
 //
 // Setup, all local ranks at once:
 //   1. each rank creates its segment /dev/shm/loom-<communicator id>-<rank> (segment.hpp), with one
-//      ring per local peer, starts its progress thread (which takes the liveness mutex) and
-//      publishes "name bytes pid cookie-address" under shm/<rank> in the store;
+//      ring per local peer, starts its progress engine and publishes "name bytes pid
+//      cookie-address" under shm/<rank> in the store;
 //   2. each rank attaches every local peer's segment, checks it, and answers shm-att/<owner>/<rank>
 //      with "ok" or the reason it could not;
 //   3. once every peer said "ok", the owner unlinks its segment: from then on nothing is left in
@@ -13,6 +13,14 @@
 //      process_vm_readv), and uses it for large messages where it works.
 // A rank whose setup fails replaces its endpoint with "error: <why>", so that its local peers
 // fail at once with that reason instead of at the deadline.
+//
+// Progress: the connections are sources of one progress engine (core/progress_engine.hpp) that
+// the link table makes for this rank's doorbell, the futex word in its segment that every writer
+// bumps; the segment's `attending` and `waiters` counts, which writers read to decide whether to
+// ring (segment.hpp, ring()), are the engine's waiter counts. That engine's thread holds the
+// segment's liveness mutex for its whole life, which is what tells peers that this rank is alive,
+// and marks the segment closed as it ends (a clean exit); its maintenance checks now and then that
+// the peers still live.
 #pragma once
 
 #include <map>
@@ -20,9 +28,9 @@
 #include <optional>
 #include <string>
 
+#include "core/progress_engine.hpp"
 #include "transport/shm/arena.hpp"
 #include "transport/shm/segment.hpp"
-#include "transport/shm/shm_engine.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -41,12 +49,9 @@ class ShmTransport : public Transport, public ArenaProvider {
   bool reaches(const TransportContext& ctx, int peer) const override;
   void publish(TransportContext&) override {}
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
-  void stop() noexcept override;
-  void attend(bool on) noexcept override {
-    if (engine_) engine_->attend(on);
-  }
-  void waiting(bool on) noexcept override {
-    if (engine_) engine_->waiting(on);
+  /// Stops the progress engine (the link table's; it stops it too), so that the segments can go.
+  void stop() noexcept {
+    if (engine_ != nullptr) engine_->stop();
   }
   const LocalArena* arena() const override { return arena_.bytes > 0 ? &arena_ : nullptr; }
 
@@ -60,7 +65,7 @@ class ShmTransport : public Transport, public ArenaProvider {
   Segment mine_;
   std::map<int, Segment> theirs_;
   LocalArena arena_;
-  std::unique_ptr<ShmEngine> engine_;  // declared last: stopped before the segments go
+  ProgressEngine* engine_ = nullptr;  // the link table's, which outlives us; stopped before the segments go
 };
 
 }  // namespace shm

@@ -22,7 +22,7 @@ namespace tcp {
 
 TcpConnection::TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine,
                              ProgressEngine* sendEngine, std::shared_ptr<FailureState> failure, TcpOptions options,
-                             std::string description, const std::atomic<int>* sleepers,
+                             std::string description,
                              std::function<std::string(int, std::chrono::milliseconds)> lastWordOf)
     : rank_(rank),
       peer_(peer),
@@ -31,8 +31,7 @@ TcpConnection::TcpConnection(int rank, int peer, std::vector<Socket> sockets, Pr
       failure_(std::move(failure)),
       lastWordOf_(std::move(lastWordOf)),
       options_(options),
-      description_(std::move(description)),
-      sleepers_(sleepers) {
+      description_(std::move(description)) {
   for (size_t i = 0; i < sockets.size(); ++i) {
     auto s = std::make_unique<Stream>();
     s->sock = std::move(sockets[i]);
@@ -48,6 +47,7 @@ TcpConnection::~TcpConnection() {
 }
 
 void TcpConnection::start() {
+  recvEngine_->add(this);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : streams_) {
     // Armed once: whatever arrives before the first operation is read (and the engine then rests).

@@ -18,23 +18,23 @@
 //
 // Threads: isend/irecv run on the caller's thread and may write to a socket directly (a send on
 // an idle socket then costs no thread hand-off). A thread waiting on one of this connection's
-// requests calls poll(), which reads and writes from that thread; otherwise the communicator's
+// requests calls progress(), which reads and writes from that thread; otherwise the communicator's
 // receive engine thread reads and its send engine thread finishes writes.
 //
 // The receive engine stays off a connection while nothing needs it ("quiet engine"): its
 // registration is one-shot and is re-armed only while a request posted outside an attended
 // operation is pending (a user's isend/irecv left to complete in the background), or while a
-// thread of this rank sleeps in a wait (TcpTransport::waiting). Requests posted inside an
-// attended operation (a collective, a blocking send or receive: detail::AttendScope) are driven
-// by the thread that will wait on them, which polls their connection, and its other connections in
-// turn, so that a back-to-back run of collectives costs no epoll_ctl and no engine wake-up per
-// message. A waiter that gives up spinning goes to sleep only after arming the engines. One mutex, mu_, guards
-// all state, but it is never held across a data syscall: a stream's reader (the receive thread)
-// and its one active writer (flag `writing`) copy bytes unlocked, so both directions and the
-// caller's reductions proceed in parallel. While a stream is being read or written unlocked, a
-// failure leaves that stream's in-flight operation alone; the reader or writer fails it when it
-// relocks, so a buffer is never released to the user while the kernel still copies into it.
-// Requests are completed with mu_ held (Request never calls back into the connection).
+// thread of this rank sleeps in a wait (ProgressEngine::waiting resumes every connection).
+// Requests posted inside an attended operation (a collective, a blocking send or receive:
+// detail::AttendScope) are driven by the thread that will wait on them, which polls their
+// connection, and its other connections in turn, so that a back-to-back run of collectives costs
+// no epoll_ctl and no engine wake-up per message. A waiter that gives up spinning goes to sleep
+// only after arming the engines. One mutex, mu_, guards all state, but it is never held across a
+// data syscall: a stream's reader (the receive thread) and its one active writer (flag `writing`)
+// copy bytes unlocked, so both directions and the caller's reductions proceed in parallel. While
+// a stream is being read or written unlocked, a failure leaves that stream's in-flight operation
+// alone; the reader or writer fails it when it relocks, so a buffer is never released to the user
+// while the kernel still copies into it. Requests are completed with mu_ held (Request never calls back into the connection).
 #pragma once
 
 #include <algorithm>
@@ -74,15 +74,14 @@ class TcpConnection : public Connection {
  public:
   /// Takes the connected, authenticated sockets (index = stream). The engines and `failure`
   /// outlive it: `recvEngine` reads, `sendEngine` finishes writes.
-  /// `sleepers` counts this rank's threads asleep in a wait (the transport's): while any is, the
-  /// receive engine reads every connection.
+  /// While any thread of this rank sleeps in a wait (recvEngine->waitersAsleep()), the receive
+  /// engine reads every connection.
   TcpConnection(int rank, int peer, std::vector<Socket> sockets, ProgressEngine* recvEngine, ProgressEngine* sendEngine,
                 std::shared_ptr<FailureState> failure, TcpOptions options, std::string description,
-                const std::atomic<int>* sleepers,
                 std::function<std::string(int, std::chrono::milliseconds)> lastWordOf = nullptr);
   ~TcpConnection() override;
 
-  /// Registers the sockets with the engines.
+  /// Registers the sockets with the engines, and the connection as a source of the receive engine.
   void start();
 
   int peer() const override { return peer_; }
@@ -90,11 +89,12 @@ class TcpConnection : public Connection {
   void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
-  bool poll() noexcept override;
-  void pollBegin() noexcept override;
-  void pollEnd() noexcept override;
-  /// Arms the receive engine on every stream (a thread of this rank is going to sleep).
-  void wakeEngine() noexcept;
+  bool progress() noexcept override;
+  /// Requests posted outside an attended operation are pending (only the engine completes them).
+  bool needsEngine() const noexcept override;
+  /// The engine takes over: re-arms the reads it is needed for (every stream when a thread of this
+  /// rank is going to sleep) and the writes a poller left.
+  void resume(bool sleeper) noexcept override;
 
  private:
   struct SendOp {
@@ -229,7 +229,7 @@ class TcpConnection : public Connection {
   const TcpOptions options_;
   const std::string description_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<std::unique_ptr<Stream>> streams_;
   TagMatcher<std::shared_ptr<RecvOp>, std::shared_ptr<Unexpected>> matcher_;
   std::map<uint64_t, std::shared_ptr<SendOp>> awaitingCts_;
@@ -240,14 +240,12 @@ class TcpConnection : public Connection {
   uint64_t nextRecvSeq_ = 0;
   bool closed_ = false;
   Status closedStatus_;
-  std::optional<Status> peerClosed_;        // every stream saw EOF while a write was in flight
-  uint64_t moved_ = 0;                      // bytes read and written, so that poll() can tell progress
-  int pollers_ = 0;                         // threads between pollBegin and pollEnd
-  bool byeFailed_ = false;                  // the peer's BYE said its communicator failed
-  std::string byeReason_;                   // a clean BYE's word, kept for when its streams end
-  const std::atomic<int>* const sleepers_;  // the transport's: threads of this rank asleep in a wait
-  std::vector<RequestPtr> unattended_;      // pending requests posted outside an attended operation
-  BufferPool pool_;                         // spare buffers for unexpected messages
+  std::optional<Status> peerClosed_;    // every stream saw EOF while a write was in flight
+  uint64_t moved_ = 0;                  // bytes read and written, so that poll() can tell progress
+  bool byeFailed_ = false;              // the peer's BYE said its communicator failed
+  std::string byeReason_;               // a clean BYE's word, kept for when its streams end
+  std::vector<RequestPtr> unattended_;  // pending requests posted outside an attended operation
+  BufferPool pool_;                     // spare buffers for unexpected messages
 };
 
 }  // namespace tcp

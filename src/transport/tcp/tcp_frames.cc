@@ -66,7 +66,7 @@ Status TcpConnection::drainBlockedLocked(std::unique_lock<std::mutex>& lock) {
   for (auto& x : streams_) {
     if (!st.ok || !x->blocked || x->reading || closed_) continue;
     st = read(*x, lock);
-    if (st.ok && !x->blocked && pollers_ == 0 && engineNeededLocked()) armReadLocked(*x);
+    if (st.ok && !x->blocked && !polled() && engineNeededLocked()) armReadLocked(*x);
   }
   return st;
 }

@@ -12,6 +12,7 @@
 
 #include "core/format.hpp"
 #include "core/logging.hpp"
+#include "core/progress_policy.hpp"
 #include "core/request.hpp"
 #include "core/signature.hpp"
 #include "kernels/copy.hpp"
@@ -22,8 +23,8 @@ namespace tcp {
 
 void TcpConnection::armLocked(Stream& s, bool want) {
   // While a thread polls this connection it writes what the socket takes: no send engine woken
-  // per writable event meanwhile (pollEnd hands what is left to the engine).
-  if (want && pollers_ > 0) return;
+  // per writable event meanwhile (resume hands what is left to the engine).
+  if (want && polled()) return;
   if (s.armed == want || !s.registered) return;
   s.armed = want;
   sendEngine_->modify(s.sock.fd(), s.writer.get(), want ? static_cast<uint32_t>(EPOLLOUT | EPOLLONESHOT) : 0u);
@@ -37,7 +38,7 @@ void TcpConnection::armReadLocked(Stream& s) {
 }
 
 bool TcpConnection::engineNeededLocked() {
-  if (sleepers_ != nullptr && sleepers_->load(std::memory_order_acquire) > 0) return true;
+  if (recvEngine_->waitersAsleep() > 0) return true;
   unattended_.erase(
       std::remove_if(unattended_.begin(), unattended_.end(), [](const RequestPtr& r) { return r->done(); }),
       unattended_.end());
@@ -45,20 +46,23 @@ bool TcpConnection::engineNeededLocked() {
 }
 
 void TcpConnection::rearmIfNeededLocked() {
-  if (pollers_ > 0 || closed_ || !engineNeededLocked()) return;
+  if (polled() || closed_ || !engineNeededLocked()) return;
   for (auto& s : streams_) armReadLocked(*s);
 }
 
 void TcpConnection::noteUnattendedLocked(const RequestPtr& req) {
   if (detail::AttendScope::current() != nullptr) return;
   unattended_.push_back(req);
-  if (pollers_ == 0)
+  if (!polled())
     for (auto& s : streams_) armReadLocked(*s);
 }
 
-void TcpConnection::wakeEngine() noexcept {
+bool TcpConnection::needsEngine() const noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& s : streams_) armReadLocked(*s);
+  if (closed_) return false;
+  for (const auto& r : unattended_)
+    if (!r->done()) return true;
+  return false;
 }
 
 Status TcpConnection::flush(Stream& s, std::unique_lock<std::mutex>& lock, size_t budget) {
@@ -136,15 +140,14 @@ Status TcpConnection::read(Stream& s, std::unique_lock<std::mutex>& lock) {
 
 void TcpConnection::setLowWaterLocked(Stream& s) {
   // A long payload arrives over many packets. With more ranks than cores, waiters of large
-  // transfers sleep and the receive thread reads (core/request.cc): woken per packet, it pays a
-  // wake-up and a syscall for every 64 KiB, on the cores the senders need. Readable only per
-  // lowWater bytes, it reads them in one go. With a core per rank a polling waiter reads instead,
-  // and copying out as the bytes land overlaps the sender's copying in: no low-water mark then
-  // (it made that case slower). Never more than the payload still owes, which the sender is
+  // transfers sleep and the receive thread reads (core/progress_policy.hpp): woken per packet, it
+  // pays a wake-up and a syscall for every 64 KiB, on the cores the senders need. Readable only
+  // per lowWater bytes, it reads them in one go. With a core per rank a polling waiter reads
+  // instead, and copying out as the bytes land overlaps the sender's copying in: no low-water mark
+  // then (it made that case slower). Never more than the payload still owes, which the sender is
   // writing: the wait ends.
   const size_t lw = options_.lowWater;
-  const bool crowded = detail::pauseSpinsBeforeYield().load(std::memory_order_relaxed) <= detail::kPauseSpinsCrowded;
-  const bool bulk = crowded && lw > 1 && s.inPayload && s.target != nullptr && s.remaining > lw;
+  const bool bulk = progress::crowded() && lw > 1 && s.inPayload && s.target != nullptr && s.remaining > lw;
   const int want = bulk ? static_cast<int>(lw) : 1;
   if (want == s.lowWater) return;
   setLowWater(s.sock.fd(), want);
@@ -280,7 +283,7 @@ void TcpConnection::onReadable(int index) noexcept {
   s.readArmed = false;  // one-shot: the event disarmed it
   if (s.eof) return;
   // A waiter drives this connection: it re-arms the event when done, if still needed.
-  if (s.reading || pollers_ > 0) return;
+  if (s.reading || polled()) return;
   Status st = read(s, lock);
   // Stream 0 may have brought the PUSH that other streams' data waits for.
   if (st.ok && !closed_ && &s == streams_[0].get()) st = drainBlockedLocked(lock);
@@ -296,7 +299,7 @@ void TcpConnection::onReadable(int index) noexcept {
   if (!st.ok) failFrom(st, lock);
 }
 
-bool TcpConnection::poll() noexcept {
+bool TcpConnection::progress() noexcept {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || closed_) return false;
   const uint64_t before = moved_;
@@ -329,27 +332,27 @@ bool TcpConnection::poll() noexcept {
     failFrom(st, lock);
     return true;
   }
-  // A poll outside pollBegin/pollEnd (a waiter looking at its other connections) may have kept
-  // the engine off a stream it fired for meanwhile.
-  if (pollers_ == 0) rearmIfNeededLocked();
+  // A poll by a thread that did not announce it (a waiter looking at its other connections) may
+  // have kept the engine off a stream it fired for meanwhile.
+  if (!polled()) rearmIfNeededLocked();
   return moved_ != before;
 }
 
-void TcpConnection::pollBegin() noexcept {
-  // Nothing to switch off: the engine is armed only while something needs it, and if it fires
-  // meanwhile it finds a poller and leaves the stream to it (one-shot: it is then disarmed).
+void TcpConnection::resume(bool sleeper) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  ++pollers_;
-}
-
-void TcpConnection::pollEnd() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--pollers_ > 0) return;
+  if (closed_) return;
+  if (sleeper) {
+    for (auto& s : streams_) armReadLocked(*s);
+    return;
+  }
+  // The last poller left (a thread that polls again meanwhile keeps the engine off; see polled()).
+  // The engine is armed only while something needs it; if it fired while the poller was on, it
+  // found a poller and left the stream (one-shot: it is now disarmed).
   rearmIfNeededLocked();
   // What the poller left unwritten goes to the send engine (a writer still in sendmsg arms it
   // itself when it finishes).
   for (auto& x : streams_)
-    if (!x->out.empty() && !x->writing && !closed_) armLocked(*x, true);
+    if (!x->out.empty() && !x->writing) armLocked(*x, true);
 }
 
 Status TcpConnection::closedByPeerLocked() {

@@ -213,9 +213,8 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   for (int peer : peers) {
     auto conn = std::make_unique<TcpConnection>(
         ctx.rank, peer, std::move(sockets[peer]), ctx.engine, ctx.sendEngine, ctx.failure, options,
-        describeLink(ctx.rank, peer, ctx.socketsPerPeer, ifaces_, remote[peer]), &sleepers_, ctx.lastWordOf);
+        describeLink(ctx.rank, peer, ctx.socketsPerPeer, ifaces_, remote[peer]), ctx.lastWordOf);
     conn->start();
-    conns_.push_back(conn.get());
     out.push_back(std::move(conn));
   }
   for (auto& l : listeners_) {
@@ -225,16 +224,6 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   if (handshakes.rejected() > 0)
     LOOM_INFO("tcp: turned away %d stray connection(s) during setup", handshakes.rejected());
   return out;
-}
-
-void TcpTransport::waiting(bool on) noexcept {
-  if (!on) {
-    // The engines disarm themselves at their next event once nothing needs them.
-    sleepers_.fetch_sub(1, std::memory_order_acq_rel);
-    return;
-  }
-  sleepers_.fetch_add(1, std::memory_order_acq_rel);
-  for (TcpConnection* c : conns_) c->wakeEngine();
 }
 
 }  // namespace tcp

@@ -39,10 +39,6 @@ class TcpTransport : public Transport {
   void publish(TransportContext& ctx) override;
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
 
-  /// A thread of this rank sleeps in a wait: the receive engine reads every connection meanwhile
-  /// (tcp_connection.hpp, "quiet engine").
-  void waiting(bool on) noexcept override;
-
   /// The address this rank listens on for interface `i` (after publish).
   SockAddr listenAddress(size_t i = 0) const;
 
@@ -51,9 +47,7 @@ class TcpTransport : public Transport {
   std::vector<Interface> ifaces_;  // one per interface used, in the order sockets take them
   std::vector<Socket> listeners_;  // by interface
   std::vector<std::unique_ptr<StrayRejector>> rejectors_;
-  ProgressEngine* engine_ = nullptr;   // set in connect(); stopped by the communicator before we go
-  std::vector<TcpConnection*> conns_;  // made by connect(); the communicator stops calling us before it frees them
-  std::atomic<int> sleepers_{0};
+  ProgressEngine* engine_ = nullptr;  // set in connect(); stopped by the communicator before we go
 };
 
 }  // namespace tcp
