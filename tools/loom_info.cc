@@ -35,6 +35,10 @@
 #include "loom/loom.h"
 #include "loom/loom.hpp"
 #include "loom_config.h"
+#if LOOM_HAVE_IBVERBS
+#include "transport/ib/ib_device.hpp"
+#include "transport/ib/verbs.hpp"
+#endif
 #include "net/interfaces.hpp"
 #include "settings_doc.hpp"
 #include "transport/memory_monitor.hpp"
@@ -87,6 +91,27 @@ void printAlgos() {
   }
 }
 
+// Every InfiniBand / RoCE port the verbs library reports, as the ib transport would see it.
+void printRdmaDevices() {
+#if LOOM_HAVE_IBVERBS
+  std::string why;
+  const loom::ib::Verbs* v = loom::ib::verbs(&why);
+  if (v == nullptr) {
+    std::printf("RDMA devices: none (%s)\n", why.c_str());
+    return;
+  }
+  const auto ports = loom::ib::listPorts(*v, &why);
+  if (ports.empty()) {
+    std::printf("RDMA devices (%s): none (%s)\n", loom::ib::verbsLibrary().c_str(), why.c_str());
+    return;
+  }
+  std::printf("RDMA devices (%s):\n", loom::ib::verbsLibrary().c_str());
+  for (const auto& p : ports) std::printf("  %s\n", p.describe().c_str());
+#else
+  std::printf("RDMA devices: not looked for (built without the verbs headers, libibverbs-dev)\n");
+#endif
+}
+
 void printInfo() {
   std::printf("Loom %s\n", LOOM_VERSION_STRING);
   std::printf("CPU reduction kernels: %s (chosen at run time)\n", loom::kernels::isaName());
@@ -110,6 +135,7 @@ void printInfo() {
   } else {
     std::printf("Memory registrations: kept only while in use (%s)\n", loom::MemoryMonitor::reason().c_str());
   }
+  printRdmaDevices();
   std::printf("Interfaces for TCP (LOOM_SOCKET_IFNAME / LOOM_SOCKET_FAMILY):\n");
   try {
     for (const auto& i : loom::selectedInterfaces()) std::printf("  %-10s %s\n", i.name.c_str(), i.addr.host().c_str());

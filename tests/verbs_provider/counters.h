@@ -1,0 +1,31 @@
+/* What the tests' verbs provider counts, for tests that check what moved and how (a large
+ * message written in place, registrations reused). Get it with dlsym(provider,
+ * "loom_test_verbs_counters"); the snapshot is the calling process's, as of the call. */
+#ifndef LOOM_TEST_VERBS_COUNTERS_H
+#define LOOM_TEST_VERBS_COUNTERS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct LoomTestVerbsCounters {
+  uint64_t send_bytes;           /* SEND payload read from this process's memory */
+  uint64_t write_bytes;          /* RDMA WRITE payload placed in this process's memory */
+  uint64_t read_bytes;           /* RDMA READ payload placed in this process's memory */
+  uint64_t writes_with_imm;      /* RDMA WRITEs with immediate data received */
+  uint64_t sends;                /* SENDs received */
+  uint64_t rnr_naks;             /* receives not ready (retried) this process met as a sender */
+  uint64_t remote_access_errors; /* remote access errors this process met */
+  uint64_t registrations;        /* ibv_reg_mr calls that succeeded */
+  uint64_t deregistrations;
+} LoomTestVerbsCounters;
+
+const LoomTestVerbsCounters* loom_test_verbs_counters(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
