@@ -34,6 +34,11 @@ export LOOMRUN="$dir/tools/loomrun" LOOM_INFO="$dir/tools/loom-info" LOOM_TEST_W
 export LOOM_DEVICE_WORKER="$dir/tests/multiproc/loom_device_worker"
 export LOOM_EXAMPLE="$dir/examples/sendrecv_tensor" LOOM_RECOVER_EXAMPLE="$dir/examples/recover_after_failure"
 ninja -C "$dir" examples/sendrecv_tensor >/dev/null
+# The tests' verbs provider, for the in-process tests over ib (built where the verbs headers are).
+if ninja -C "$dir" -t targets all 2>/dev/null | grep -q '^tests/libloom_test_verbs.so:'; then
+  ninja -C "$dir" tests/libloom_test_verbs.so >/dev/null
+  export LOOM_TEST_VERBS_PROVIDER="$dir/tests/libloom_test_verbs.so"
+fi
 
 if [ "$kind" = address ]; then
   inproc='*P2P*:Shm.*:Links/*:Store.*:CApi.*:Communicator.*:Collectives.*:Shm/SmallMatrix.*/3ranks*:Tcp/SmallMatrix.*/3ranks*'

@@ -38,7 +38,16 @@ void LinkTable::connect(TransportContext& ctx) {
     while (t < transports_.size() && !transports_[t]->reaches(ctx, r)) ++t;
     if (t == transports_.size()) {
       std::string names;
-      for (const auto& n : allowed_) names += (names.empty() ? "" : ", ") + n;
+      for (size_t i = 0; i < allowed_.size(); ++i) {
+        const std::string why = transports_[i]->absentReason();
+        names += (names.empty() ? "" : ", ") + allowed_[i] + (why.empty() ? "" : " (absent: " + why + ")");
+      }
+      if (nodeOf(r) == nodeOf(rank_)) {
+        LOOM_THROW_PEER(ErrorCode::InvalidArgument, rank_, r,
+                        strFormat("no allowed transport (%s) reaches rank %d, on this rank's node: allow shm or tcp "
+                                  "in LOOM_TRANSPORT",
+                                  names.c_str(), r));
+      }
       LOOM_THROW_PEER(ErrorCode::InvalidArgument, rank_, r,
                       strFormat("no allowed transport (%s) reaches rank %d, which is on another node (node %d; this "
                                 "rank is on node %d): shared memory links only ranks of one node; allow tcp in "

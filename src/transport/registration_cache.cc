@@ -159,7 +159,15 @@ Registration RegistrationCache::acquire(const void* addr, size_t bytes, Status* 
       hi = std::max(hi, n->end());
     }
     auto fresh = std::make_unique<State::Entry>();
-    const Status st = s.registrar->registerRange(lo, hi - lo, &fresh->range);
+    Status st = s.registrar->registerRange(lo, hi - lo, &fresh->range);
+    if (!st.ok && (lo != begin || hi != end)) {
+      // A cached neighbour may cover memory unmapped behind the monitor's back (an allocator
+      // that makes the system call itself): register the range asked for alone; the
+      // neighbours leave the cache all the same.
+      st = s.registrar->registerRange(begin, end - begin, &fresh->range);
+      lo = begin;
+      hi = end;
+    }
     if (!st.ok) {
       *error = st;
       return nullptr;

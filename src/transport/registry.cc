@@ -3,26 +3,34 @@
 #include "core/format.hpp"
 #include "core/param.hpp"
 #include "core/status.hpp"
+#include "loom_config.h"
 #include "net/interfaces.hpp"
 #include "transport/cuda_ipc/cuda_ipc_transport.hpp"
+#if LOOM_HAVE_IBVERBS
+#include "transport/ib/ib_transport.hpp"
+#endif
 #include "transport/shm/shm_transport.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
 namespace loom {
 namespace {
 
-LOOM_PARAM_STR(transportParam, "LOOM_TRANSPORT", "",
-               "transports allowed: cuda_ipc, shm, tcp, or exclusions such as ^shm (which excludes cuda_ipc too: it "
-               "carries host bytes over shared memory) or ^cuda_ipc (device buffers staged through host memory); "
-               "each pair of ranks gets the first allowed one that reaches it (default: all)");
+LOOM_PARAM_STR(
+    transportParam, "LOOM_TRANSPORT", "",
+    "transports allowed: cuda_ipc, shm, ib, tcp, or exclusions such as ^shm (which excludes cuda_ipc too: it "
+    "carries host bytes over shared memory) or ^cuda_ipc (device buffers staged through host memory); "
+    "each pair of ranks gets the first allowed one that reaches it (default: all)");
 
 }  // namespace
 
 const std::vector<TransportEntry>& allTransports() {
   static const std::vector<TransportEntry> table = {
-      {"cuda_ipc", [] { return std::unique_ptr<Transport>(new cuda_ipc::CudaIpcTransport()); }},
-      {"shm", [] { return std::unique_ptr<Transport>(new shm::ShmTransport()); }},
-      {"tcp", [] { return std::unique_ptr<Transport>(new tcp::TcpTransport()); }},
+    {"cuda_ipc", [] { return std::unique_ptr<Transport>(new cuda_ipc::CudaIpcTransport()); }},
+    {"shm", [] { return std::unique_ptr<Transport>(new shm::ShmTransport()); }},
+#if LOOM_HAVE_IBVERBS
+    {"ib", [] { return std::unique_ptr<Transport>(new ib::IbTransport()); }},
+#endif
+    {"tcp", [] { return std::unique_ptr<Transport>(new tcp::TcpTransport()); }},
   };
   return table;
 }

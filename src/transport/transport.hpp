@@ -110,6 +110,9 @@ class Transport {
     (void)peer;
     return true;
   }
+  /// Why this transport reaches no peer at all ("" when it may reach some): its library, device
+  /// or port is missing. For the error when no allowed transport reaches a peer.
+  virtual std::string absentReason() const { return std::string(); }
   /// Publishes this rank's endpoint in ctx.store. Called before connect() on every rank.
   virtual void publish(TransportContext& ctx) = 0;
   /// Connects to every rank in `peers`, all ranks at once; returns connections indexed like peers.

@@ -16,7 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/env_guard.hpp"
 #include "loom/loom.hpp"
+#include "loom_config.h"
 
 namespace loomtest {
 
@@ -45,7 +47,9 @@ class PerRankOptions {
 /// a device runtime, CUDA IPC for device buffers), "noipc" (the same without CUDA IPC:
 /// LOOM_TRANSPORT=^cuda_ipc), "tcp" (LOOM_TRANSPORT=tcp), "mixed" (two "nodes" by host identity, even and odd ranks:
 /// shared memory within each, TCP between), "mixed3" (three such nodes, r % 3); any other name is
-/// a transport of the registry, alone (LOOM_TRANSPORT=<name>). Sets it up for the object's lifetime.
+/// a transport of the registry, alone (LOOM_TRANSPORT=<name>); "ib" also loads the tests' verbs
+/// provider (LOOM_IBVERBS_LIBRARY from LOOM_TEST_VERBS_PROVIDER, which meson sets). Sets it up for
+/// the object's lifetime.
 class TransportSetup {
  public:
   explicit TransportSetup(const std::string& mode) {
@@ -60,6 +64,8 @@ class TransportSetup {
       setenv("LOOM_TRANSPORT", mode == "noipc" ? "^cuda_ipc" : mode.c_str(), 1);
       restoreEnv_ = true;
     }
+    const char* provider = std::getenv("LOOM_TEST_VERBS_PROVIDER");
+    if (mode == "ib" && provider != nullptr) verbsLibrary_.emplace("LOOM_IBVERBS_LIBRARY", provider);
   }
   ~TransportSetup() {
     if (!restoreEnv_) return;
@@ -76,12 +82,20 @@ class TransportSetup {
   bool restoreEnv_ = false, hadOld_ = false;
   std::string old_;
   std::optional<PerRankOptions> perRank_;
+  std::optional<EnvGuard> verbsLibrary_;
 };
 
 /// The links every transport must pass the conformance tests over (tests/inproc/conformance_test.cc
 /// and the link-parameterised point-to-point tests): a new transport proves itself by adding its
 /// name here.
-inline const char* const kConformanceLinks[] = {"shm", "tcp", "mixed"};
+inline const char* const kConformanceLinks[] = {
+    "shm",
+    "tcp",
+    "mixed",
+#if LOOM_HAVE_IBVERBS
+    "ib",
+#endif
+};
 
 struct RankResult {
   std::string error;

@@ -114,6 +114,19 @@ INSTANTIATE_TEST_SUITE_P(Mixed, SmallMatrix,
                                             ::testing::Values("", "ring+3", "rd,tree", "dbtree", "hier"),
                                             ::testing::Values("mixed")),
                          matrixName);
+#if LOOM_HAVE_IBVERBS
+// Over InfiniBand through the tests' verbs provider (tests/verbs_provider).
+// (The provider moves one request per queue pair at a time: 8 ranks take the faster algorithms.)
+INSTANTIATE_TEST_SUITE_P(Ib, SmallMatrix,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values("", "ring+3", "rd,tree", "hd", "pairwise"),
+                                            ::testing::Values("ib")),
+                         matrixName);
+INSTANTIATE_TEST_SUITE_P(Ib8, SmallMatrix,
+                         ::testing::Combine(::testing::Values(8), ::testing::Values("", "rd,tree", "hd", "pairwise"),
+                                            ::testing::Values("ib")),
+                         matrixName);
+#endif
 // Node-aware algorithms on three uneven "nodes" (7 ranks: 3, 2 and 2 per node).
 INSTANTIATE_TEST_SUITE_P(Mixed3, SmallMatrix,
                          ::testing::Combine(::testing::Values(4, 7), ::testing::Values("", "hier"),
@@ -155,6 +168,12 @@ INSTANTIATE_TEST_SUITE_P(Mixed, LargeCounts,
                          ::testing::Combine(::testing::Values(3, 5), ::testing::Values("ring+4", "rd,tree", "hier"),
                                             ::testing::Values("mixed")),
                          matrixName);
+#if LOOM_HAVE_IBVERBS
+INSTANTIATE_TEST_SUITE_P(Ib, LargeCounts,
+                         ::testing::Combine(::testing::Values(3), ::testing::Values("ring+4", "hd"),
+                                            ::testing::Values("ib")),
+                         matrixName);
+#endif
 // Nodes of equal size: the node-aware all-reduce takes its 2D form (every local rank owns a slice).
 INSTANTIATE_TEST_SUITE_P(MixedEven, LargeCounts,
                          ::testing::Combine(::testing::Values(4, 6), ::testing::Values("hier"),

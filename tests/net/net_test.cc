@@ -327,6 +327,37 @@ TEST(Net, AllReducePerfAcrossNodesWithLoomrun) {
   EXPECT_NE(r.out.find("link 2.000 Gbit/s"), std::string::npos) << r.out;
 }
 
+// InfiniBand between nodes, through the tests' verbs provider (its queue pairs reach each other
+// over the cluster's network; shared memory within a node): every collective checked, on even
+// and uneven nodes, and all_reduce_perf with nothing wrong. Through the provider this is a
+// functional check, not a speed figure.
+TEST(Net, IbBetweenNodesThroughTheTestVerbsProvider) {
+  SKIP_WITHOUT_NAMESPACES();
+  if (path("VERBS_PROVIDER").empty())
+    GTEST_SKIP() << "built without the verbs headers (libibverbs-dev), so without the tests' verbs provider";
+  Cluster cl(4);
+  ASSERT_TRUE(cl.ok());
+  char dir[] = "/tmp/loom-net-verbs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const Env env = {{"LOOM_IBVERBS_LIBRARY", path("VERBS_PROVIDER")},
+                   {"LOOM_TEST_VERBS_DIR", dir},
+                   {"LOOM_TRANSPORT", "shm,ib"},
+                   {"LOOM_DEBUG", "INFO"}};
+  for (const char* ranks : {"1", "2,1,1,2"}) {
+    Result r = cl.run(ranks, {path("NET_WORKER"), "matrix"}, env);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("net_worker matrix: OK"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("ib over mlx5_0:1 (InfiniBand"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("tcp to rank"), std::string::npos) << "a TCP link where ib was asked for\n" << r.out;
+  }
+  Result r = cl.run(
+      "1", {path("ALL_REDUCE_PERF"), "-b", "8", "-e", "4M", "-f", "8", "-c", "1", "-n", "3", "-w", "1"},
+      {{"LOOM_IBVERBS_LIBRARY", path("VERBS_PROVIDER")}, {"LOOM_TEST_VERBS_DIR", dir}, {"LOOM_TRANSPORT", "ib"}});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Out of bounds values : 0 OK"), std::string::npos) << r.out;
+  runCmd({"rm", "-rf", dir}, {}, 10);
+}
+
 TEST(Net, AllReducePerfAcrossNodesWithMpirun) {
   SKIP_WITHOUT_NAMESPACES();
   if (path("MPIRUN").empty() || access(path("MPIRUN").c_str(), X_OK) != 0)

@@ -155,6 +155,33 @@ TEST(RegistrationCache, AnOverlappingRangeIsRegisteredAsTheUnion) {
   munmap(buf, 8 * kPage);
 }
 
+// A neighbour whose memory went behind the monitor's back (an allocator that unmaps with the
+// system call itself, as sanitizers' do) makes the union unregistrable: the range asked for is
+// registered alone, and the neighbour leaves the cache.
+TEST(RegistrationCache, AUnionThatCannotBeRegisteredFallsBackToTheRangeAskedFor) {
+  RecordingRegistrar reg;
+  RegistrationCache cache(reg, limits(16), MemoryMonitor::get());
+  char* buf = mapPages(8);
+  Status err;
+  { Registration old = cache.acquire(buf, 2 * kPage, &err); }  // cached, idle
+  reg.failNext = true;                                         // the union with it fails once
+  Registration r = cache.acquire(buf + kPage, 4 * kPage, &err);
+  ASSERT_NE(r, nullptr) << err.message;
+  EXPECT_EQ(r->begin, reinterpret_cast<uintptr_t>(buf + kPage));
+  EXPECT_EQ(r->bytes, 4 * kPage);
+  EXPECT_EQ(reg.live(), 1u) << "the neighbour left the cache";
+  Registration hit = cache.acquire(buf + 2 * kPage, kPage, &err);
+  EXPECT_EQ(hit->localKey, r->localKey);
+  reg.failNext = true;  // the range asked for itself fails: the error is the caller's
+  Registration none = cache.acquire(buf + 6 * kPage, kPage, &err);
+  EXPECT_EQ(none, nullptr);
+  EXPECT_NE(err.message.find("locked-memory"), std::string::npos);
+  EXPECT_EQ(reg.bogus, 0);
+  r.reset();
+  hit.reset();
+  munmap(buf, 8 * kPage);
+}
+
 TEST(RegistrationCache, LeastRecentlyUsedIdleRegistrationsGoFirst) {
   RecordingRegistrar reg;
   RegistrationCache cache(reg, limits(2), MemoryMonitor::get());

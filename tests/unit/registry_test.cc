@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loom/loom.hpp"
+#include "loom_config.h"
 
 namespace {
 
@@ -18,21 +19,27 @@ std::vector<std::string> names(const std::string& spec) {
 
 TEST(Registry, PreferenceOrderAndNarrowing) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(names(""), (V{"cuda_ipc", "shm", "tcp"}));
+  // InfiniBand sits between shared memory and TCP where the build has the verbs headers.
+  const V all = LOOM_HAVE_IBVERBS ? V{"cuda_ipc", "shm", "ib", "tcp"} : V{"cuda_ipc", "shm", "tcp"};
+  const V noIpc = LOOM_HAVE_IBVERBS ? V{"shm", "ib", "tcp"} : V{"shm", "tcp"};
+  const V noShm = LOOM_HAVE_IBVERBS ? V{"ib", "tcp"} : V{"tcp"};
+  EXPECT_EQ(names(""), all);
   EXPECT_EQ(names("tcp"), (V{"tcp"}));
-  EXPECT_EQ(names("^cuda_ipc"), (V{"shm", "tcp"}));
+  EXPECT_EQ(names("^cuda_ipc"), noIpc);
   EXPECT_EQ(names("shm,tcp"), (V{"shm", "tcp"}));
   // CUDA IPC carries host bytes over shared memory: excluding shared memory excludes it too;
   // naming it brings shared memory along inside it.
-  EXPECT_EQ(names("^shm"), (V{"tcp"}));
+  EXPECT_EQ(names("^shm"), noShm);
   EXPECT_EQ(names("cuda_ipc,tcp"), (V{"cuda_ipc", "tcp"}));
   EXPECT_EQ(names("cuda_ipc"), (V{"cuda_ipc"}));
+  EXPECT_EQ(names("^ib"), (V{"cuda_ipc", "shm", "tcp"}));
   try {
-    names("ib");
+    names("verbs");
     ADD_FAILURE() << "a spec naming no transport of this build was accepted";
   } catch (const loom::Error& e) {
     EXPECT_EQ(e.code(), loom::ErrorCode::InvalidArgument);
-    EXPECT_NE(e.message().find("cuda_ipc, shm, tcp"), std::string::npos) << e.what();
+    EXPECT_NE(e.message().find(LOOM_HAVE_IBVERBS ? "cuda_ipc, shm, ib, tcp" : "cuda_ipc, shm, tcp"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -148,16 +148,17 @@ const std::string& hostKey() {
 }
 
 std::vector<Device*>& devices() {
-  static std::vector<Device*> list = [] {
-    std::vector<Device*> v;
+  // Never destroyed: callers may hold a device until the process ends.
+  static std::vector<Device*>* list = [] {
+    auto* v = new std::vector<Device*>();
     const char* env = std::getenv("LOOM_TEST_VERBS_DEVICES");
     std::stringstream ss(env != nullptr && *env != '\0' ? env : "mlx5_0");
     int index = 0;
     for (std::string item; std::getline(ss, item, ',');)
-      if (!item.empty()) v.push_back(makeDevice(item, index++));
+      if (!item.empty()) v->push_back(makeDevice(item, index++));
     return v;
   }();
-  return list;
+  return *list;
 }
 
 void assignAddress(Device* d, int port) {

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <map>
 #include <mutex>
 
 #include "core/format.hpp"
@@ -85,9 +86,15 @@ std::string verbsLibrary() {
 }
 
 const Verbs* verbs(std::string* why) {
-  static const Loaded loaded = load();
-  if (!loaded.ok && why != nullptr) *why = loaded.why;
-  return loaded.ok ? &loaded.calls : nullptr;
+  // Loaded once per library: a process that names another one later (a test) gets that one too.
+  static std::mutex mu;
+  static std::map<std::string, Loaded>* loaded = new std::map<std::string, Loaded>();
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string path = verbsLibrary();
+  auto it = loaded->find(path);
+  if (it == loaded->end()) it = loaded->emplace(path, load()).first;
+  if (!it->second.ok && why != nullptr) *why = it->second.why;
+  return it->second.ok ? &it->second.calls : nullptr;
 }
 
 }  // namespace ib

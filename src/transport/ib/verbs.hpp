@@ -45,8 +45,8 @@ struct Verbs {
   const char* (*eventTypeStr)(ibv_event_type type);
 };
 
-/// The loaded library's calls, loaded at the first call; null when it cannot be loaded or lacks a
-/// call, and then *why (if given) says why, in a phrase.
+/// The calls of the library verbsLibrary() names, loaded at the first call that names it; null
+/// when it cannot be loaded or lacks a call, and then *why (if given) says why, in a phrase.
 const Verbs* verbs(std::string* why = nullptr);
 /// The library verbs() loads (LOOM_IBVERBS_LIBRARY, else libibverbs.so.1).
 std::string verbsLibrary();

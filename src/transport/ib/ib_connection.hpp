@@ -1,0 +1,156 @@
+// IbConnection: the link to one peer over InfiniBand or RoCE, through RC queue pairs
+// (queue_pair.hpp) of the rank's opened port.
+//
+// Protocol. Every message starts as a SEND on queue pair 0 into one of the receive slots the peer
+// keeps posted (registered buffers of LOOM_IB slot size): a message up to the eager limit goes
+// whole in it (EAGER: header and payload, copied once on each side); a larger one is announced
+// (RTS). Once a matching receive is posted, the receiver registers its buffer (the transport's
+// registration cache: a buffer used again is registered once) and answers CTS with the buffer's
+// address and remote key and an id; the sender then RDMA-writes the payload straight from its own
+// registered buffer into the receiver's, in chunks striped over the connection's queue pairs,
+// each with the id as immediate data, so that the receiver counts the bytes that landed and
+// completes the receive when all have; no payload byte is copied on either side. A receive that
+// refuses an announced message (another call's signature, too small) answers NACK, and the send
+// fails with the same reason. Matching is per tag in arrival order (the shared TagMatcher).
+//
+// Flow control. A SEND, or an RDMA write with immediate data, consumes a posted receive of the
+// queue pair it arrives on: a sender spends a credit per queue pair for each and never goes
+// below zero, so the adapter never meets a receiver that is not ready. The receiver reposts each
+// slot as soon as it has taken what it holds, and returns the credits in the header of every
+// message it sends, or in a CREDIT message (ahead of anything queued) once half its slots wait to
+// be announced; the last credit of queue pair 0 is kept for that message, so two sides that both
+// ran out always can.
+//
+// Closing: a rank that closes a link (its communicator destroyed, aborted or failed) sends BYE with
+// its reason; the peer fails what it has pending with the link with "rank N left the communicator:
+// <reason>" (and the communicator, if anything was pending), as over TCP.
+//
+// Threads: isend/irecv post from the caller's thread; completions are taken by whichever thread
+// calls progress() (a waiter, or the receive engine woken through the completion channel of the
+// transport). One mutex guards everything; no verbs call blocks.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/ib/queue_pair.hpp"
+#include "transport/matching.hpp"
+#include "transport/registration_cache.hpp"
+#include "transport/transport.hpp"
+
+namespace loom {
+namespace ib {
+
+/// Queue pairs a connection may stripe over (its messages' headers carry a credit per pair).
+constexpr int kMaxQps = 16;
+
+struct IbOptions {
+  /// A receive slot: a header and an eager payload of 64 KiB, the eager limit of every transport
+  /// (a send that small completes before its receive is posted).
+  size_t slotBytes = (64 << 10) + 128;
+  int slots = 16;               ///< receives kept posted per queue pair (a sender's credits)
+  int sendSlots = 16;           ///< staging slots for outgoing messages
+  size_t chunkBytes = 1 << 20;  ///< one RDMA write of a large message
+  int qps = 1;                  ///< queue pairs (LOOM_IB_QPS_PER_CONNECTION)
+};
+
+class IbConnection : public Connection {
+ public:
+  /// Creates the queue pairs (in INIT, receives posted) and their completion queue, whose events
+  /// go to `channel` (the transport's; cq_context is this connection). `cache` registers large
+  /// buffers; both outlive this. Throws Error naming the peer.
+  IbConnection(int rank, int peer, const PortContext& pc, ibv_comp_channel* channel, RegistrationCache& cache,
+               std::shared_ptr<FailureState> failure, IbOptions options, std::string description);
+  ~IbConnection() override;
+
+  /// The queue pairs' addresses, for the peer's connect().
+  std::string addresses() const;
+  /// Connects the queue pairs to the peer's (its addresses()). Throws Error naming the peer.
+  void connect(const std::string& remote);
+  /// After an event on the transport's completion channel for this connection's queue: re-arms
+  /// it and moves what is there. Engine thread.
+  void onCompletionEvent() noexcept;
+
+  int peer() const override { return peer_; }
+  void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
+  void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
+  void failAll(const Status& status) noexcept override;
+  std::string describe() const override { return description_; }
+  bool progress() noexcept override;
+
+  size_t eagerBytes() const { return eagerLimit(options_); }
+  /// The largest message that goes whole in a slot.
+  static size_t eagerLimit(const IbOptions& o);
+
+ private:
+  struct Header;
+  struct SendOp;
+  struct RecvOp;
+  struct Unexpected;
+  struct Outgoing;
+  struct Write;
+
+  bool pollLocked() noexcept;
+  void completionLocked(const ibv_wc& wc) noexcept;
+  void receivedLocked(int qp, int slot, const ibv_wc& wc) noexcept;
+  void messageLocked(const Header& h, const uint8_t* payload) noexcept;
+  void deliverEagerLocked(const std::shared_ptr<RecvOp>& op, const Header& h, const uint8_t* payload) noexcept;
+  void startLargeLocked(const std::shared_ptr<RecvOp>& op, const Header& h) noexcept;
+  void ctsLocked(const Header& h) noexcept;
+  void nackLocked(const Header& h) noexcept;
+  void queueLocked(Outgoing o) noexcept;
+  void pumpLocked() noexcept;
+  void repostLocked(int qp, int slot) noexcept;
+  void returnCreditsLocked() noexcept;
+  /// Closes the link and fails what is pending. A failure of the link itself (`ofLink`) is also
+  /// the communicator's: recorded now, its hook (which fails every other link) run by unlock().
+  void failLocked(const Status& s, bool ofLink = true) noexcept;
+  /// Tells the peer why this rank closes the link (BYE), waiting a moment for it to go, so that
+  /// the peer's pending requests fail at once with the reason.
+  void sayByeLocked(const Status& why, std::unique_lock<std::mutex>& lock) noexcept;
+  /// Lets go of the lock, then runs the failure hook a failure of the link left to run.
+  void unlock(std::unique_lock<std::mutex>& lock) noexcept;
+  Status linkError(const char* what, const std::string& why) const;
+
+  const int rank_, peer_;
+  const PortContext& pc_;
+  RegistrationCache& cache_;
+  const std::shared_ptr<FailureState> failure_;
+  const IbOptions options_;
+  const std::string description_;
+
+  std::mutex mu_;
+  bool closed_ = false;
+  bool connected_ = false;  // the queue pairs reached RTS
+  int byeSlot_ = -1;        // the send slot of the BYE in flight
+  bool creditQueued_ = false;
+  Status closedStatus_;
+  std::optional<Status> hookPending_;
+  ibv_cq* cq_ = nullptr;
+  std::vector<std::unique_ptr<QueuePair>> qps_;
+  uint8_t* recvArea_ = nullptr;  // qps * slots receive slots
+  uint8_t* sendArea_ = nullptr;  // sendSlots staging slots
+  ibv_mr* recvMr_ = nullptr;
+  ibv_mr* sendMr_ = nullptr;
+  std::vector<int> freeSendSlots_;
+  int credits_[kMaxQps] = {};   // receives the peer has posted for us, per queue pair
+  int toReturn_[kMaxQps] = {};  // receives we reposted and have not announced
+  int sendWrLeft_[kMaxQps] = {};
+  std::deque<std::unique_ptr<Outgoing>> outq_;
+  std::deque<Write> writes_;
+  std::map<uint64_t, std::shared_ptr<SendOp>> awaitingCts_;  // by sequence number
+  std::map<uint64_t, std::shared_ptr<SendOp>> writing_;      // by sequence number
+  std::map<uint32_t, std::shared_ptr<RecvOp>> incoming_;     // by id: CTS sent, writes awaited
+  TagMatcher<std::shared_ptr<RecvOp>, std::shared_ptr<Unexpected>> matcher_;
+  uint64_t nextSeq_ = 1;
+  uint32_t nextId_ = 1;
+  unsigned nextQp_ = 0;
+};
+
+}  // namespace ib
+}  // namespace loom

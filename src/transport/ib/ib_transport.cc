@@ -1,0 +1,182 @@
+#include "transport/ib/ib_transport.hpp"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/param.hpp"
+#include "transport/memory_monitor.hpp"
+
+namespace loom {
+namespace ib {
+namespace {
+
+LOOM_PARAM_INT(latencyParam, "LOOM_IB_LATENCY_US", 3, "one-way latency (us) the cost model assumes for ib links");
+
+constexpr const char* kGaveUp = "error: ";
+
+}  // namespace
+
+// The completion channel of every connection's queue, in the receive engine: an event names the
+// queue, whose connection takes what it holds.
+class IbTransport::ChannelWatch : public PollHandler {
+ public:
+  ChannelWatch(const Verbs& v, ibv_comp_channel* ch) : v_(v), ch_(ch) {}
+  void onPollEvents(uint32_t) noexcept override {
+    for (;;) {
+      ibv_cq* cq = nullptr;
+      void* context = nullptr;
+      if (v_.getCqEvent(ch_, &cq, &context) != 0) return;  // drained (the descriptor is non-blocking)
+      v_.ackCqEvents(cq, 1);
+      static_cast<IbConnection*>(context)->onCompletionEvent();
+    }
+  }
+
+ private:
+  const Verbs& v_;
+  ibv_comp_channel* ch_;
+};
+
+IbTransport::IbTransport() = default;
+
+IbTransport::~IbTransport() {
+  // The link table stopped the engines and destroyed the connections (and their queues) first.
+  cache_.reset();
+  if (channel_ != nullptr) port_->context().verbs->destroyCompChannel(channel_);
+}
+
+LinkProperties IbTransport::properties() const {
+  LinkProperties p;
+  p.latencyUs = static_cast<double>(latencyParam());
+  // What a port of this speed sustains one way, less the headers' share.
+  const double gbits = port_ ? port_->context().port.speed.gbps() : 100.0;
+  p.gbps = std::max(1.0, gbits / 8.0 * 0.9);
+  p.ringChunkBytes = size_t{1} << 20;
+  p.parallelChannels = true;
+  p.oneSidedWrites = true;
+  p.needsRegistration = true;
+  return p;
+}
+
+bool IbTransport::reaches(const TransportContext& ctx, int peer) const {
+  (void)ctx;
+  (void)peer;
+  return port_ != nullptr;
+}
+
+void IbTransport::publish(TransportContext& ctx) {
+  std::string why;
+  const Verbs* v = verbs(&why);
+  if (v != nullptr) {
+    // Ranks of a node are usually numbered in a row: the rank spreads them over the node's ports.
+    port_ = OpenPort::open(*v, ibSettingsFromEnv(), callerNumaNode(), ctx.rank, &why);
+  }
+  if (!port_) {
+    why_ = why;
+    LOOM_INFO("ib: not used: %s", why.c_str());
+    return;
+  }
+  channel_ = v->createCompChannel(port_->context().context);
+  if (channel_ == nullptr) {
+    why_ = strFormat("cannot create a completion channel: %s", std::strerror(errno));
+    LOOM_INFO("ib: not used: %s", why_.c_str());
+    port_.reset();
+    return;
+  }
+  fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
+  watch_ = std::make_unique<ChannelWatch>(*v, channel_);
+  ctx.engine->add(channel_->fd, watch_.get(), EPOLLIN);
+  cache_ = std::make_unique<RegistrationCache>(static_cast<Registrar&>(*this), RegistrationCache::Limits::fromEnv(),
+                                               MemoryMonitor::get());
+  LOOM_INFO("ib: rank %d uses %s", ctx.rank, port_->describe().c_str());
+}
+
+Registration IbTransport::registerMemory(const void* addr, size_t bytes, Status* error) {
+  if (!cache_) return registerKeyless(addr, bytes, error);
+  return cache_->acquire(addr, bytes, error);
+}
+
+Status IbTransport::registerRange(uintptr_t begin, size_t bytes, RegisteredRange* out) noexcept {
+  const PortContext& pc = port_->context();
+  ibv_mr* mr = pc.verbs->regMr(pc.pd, reinterpret_cast<void*>(begin), bytes,
+                               IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  if (mr == nullptr) {
+    const int e = errno;
+    return Status::error(ErrorCode::System,
+                         strFormat("ib: registering %zu bytes at %#zx with %s failed: %s%s", bytes,
+                                   static_cast<size_t>(begin), pc.port.device.c_str(), std::strerror(e),
+                                   e == ENOMEM ? " (the locked-memory limit? raise ulimit -l)" : ""));
+  }
+  out->begin = begin;
+  out->bytes = bytes;
+  out->localKey = mr->lkey;
+  out->remoteKey = mr->rkey;
+  out->handle = mr;
+  return Status::success();
+}
+
+void IbTransport::deregisterRange(const RegisteredRange& range) noexcept {
+  port_->context().verbs->deregMr(static_cast<ibv_mr*>(range.handle));
+}
+
+std::string IbTransport::awaitFromPeer(TransportContext& ctx, const std::string& key, int peer, const char* what) {
+  const std::string endpoint = "ib/" + std::to_string(peer);
+  for (;;) {
+    if (auto v = ctx.store->tryGet(key)) return std::string(v->begin(), v->end());
+    if (auto e = ctx.store->tryGet(endpoint)) {
+      const std::string text(e->begin(), e->end());
+      LOOM_THROW_PEER(
+          ErrorCode::Remote, ctx.rank, peer,
+          strFormat("rank %d gave up setting up its ib links: %s", peer, text.substr(std::strlen(kGaveUp)).c_str()));
+    }
+    if (ctx.deadline.expired()) {
+      LOOM_THROW_PEER(ErrorCode::Timeout, ctx.rank, peer,
+                      strFormat("rank %d did not %s within %.0f s", peer, what, ctx.deadline.totalSeconds()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+std::vector<std::unique_ptr<Connection>> IbTransport::connect(TransportContext& ctx, const std::vector<int>& peers) {
+  try {
+    return setUp(ctx, peers);
+  } catch (const Error& e) {
+    ctx.store->setString("ib/" + std::to_string(ctx.rank), std::string(kGaveUp) + e.what());
+    throw;
+  }
+}
+
+std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ctx, const std::vector<int>& peers) {
+  const int rank = ctx.rank;
+  if (!port_) LOOM_THROW(ErrorCode::Internal, rank, "ib: connect without a port: " + why_);
+  IbOptions options;
+  options.qps = port_->context().settings.qpsPerConnection;
+  std::vector<IbConnection*> mine;
+  std::vector<std::unique_ptr<Connection>> out;
+  for (int p : peers) {
+    const std::string desc = strFormat(
+        "rank %d <-> rank %d: ib over %s, %d queue pair(s), eager up to %s, larger "
+        "messages written in place (RDMA) from registered memory",
+        rank, p, port_->describe().c_str(), options.qps, bytesText(IbConnection::eagerLimit(options)).c_str());
+    auto c = std::make_unique<IbConnection>(rank, p, port_->context(), channel_, *cache_, ctx.failure, options, desc);
+    ctx.store->setString(strFormat("ib/%d/%d", rank, p), c->addresses());
+    mine.push_back(c.get());
+    out.push_back(std::move(c));
+  }
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const int p = peers[i];
+    mine[i]->connect(awaitFromPeer(ctx, strFormat("ib/%d/%d", p, rank), p, "publish its ib queue pairs"));
+    ctx.store->setString(strFormat("ibok/%d/%d", rank, p), "ok");
+  }
+  for (int p : peers) awaitFromPeer(ctx, strFormat("ibok/%d/%d", p, rank), p, "bring its ib queue pairs up");
+  conns_.insert(conns_.end(), mine.begin(), mine.end());
+  return out;
+}
+
+}  // namespace ib
+}  // namespace loom
