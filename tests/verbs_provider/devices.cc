@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "provider.hpp"
@@ -162,7 +163,13 @@ std::vector<Device*>& devices() {
 }
 
 void assignAddress(Device* d, int port) {
+  // Once per port, under a lock: every thread that opens the device reads the address after its
+  // own open, which took the lock after the first.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> guard(mu);
   PortConfig& p = d->ports[static_cast<size_t>(port - 1)];
+  if (p.assigned) return;
+  p.assigned = true;
   if (d->roce) {
     const in_addr a = hostIpv4();
     std::memset(p.gid, 0, 16);

@@ -26,7 +26,8 @@ namespace vp {
 
 struct PortConfig {
   bool active = true;
-  uint16_t lid = 0;  // InfiniBand: assigned on first open, per host, device and port
+  bool assigned = false;  // its LID or GID is set (assignAddress)
+  uint16_t lid = 0;       // InfiniBand: assigned on first open, per host, device and port
   uint8_t gid[16] = {};
 };
 

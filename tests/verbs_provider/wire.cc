@@ -37,13 +37,13 @@ namespace vp {
 namespace {
 
 const bool kDebug = std::getenv("LOOM_TEST_VERBS_DEBUG") != nullptr;
-#define VP_DEBUG(...)                                    \
-  do {                                                   \
-    if (kDebug) {                                        \
+#define VP_DEBUG(...)                                     \
+  do {                                                    \
+    if (kDebug) {                                         \
       std::fprintf(stderr, "[verbs %d] ", (int)getpid()); \
-      std::fprintf(stderr, __VA_ARGS__);                 \
-      std::fprintf(stderr, "\n");                        \
-    }                                                    \
+      std::fprintf(stderr, __VA_ARGS__);                  \
+      std::fprintf(stderr, "\n");                         \
+    }                                                     \
   } while (0)
 
 using Clock = std::chrono::steady_clock;
@@ -663,7 +663,12 @@ int postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     w.remoteAddr = wr->wr.rdma.remote_addr;
     w.rkey = wr->wr.rdma.rkey;
     w.sges.assign(wr->sg_list, wr->sg_list + std::max(0, wr->num_sge));
-    if (qp->state != IBV_QPS_RTS || !known || wr->num_sge < 0 || wr->num_sge > static_cast<int>(q->cap.max_send_sge)) {
+    ibv_qp_state state;
+    {
+      std::lock_guard<std::mutex> lock(q->mu);  // the adapter's thread may move it to error
+      state = qp->state;
+    }
+    if (state != IBV_QPS_RTS || !known || wr->num_sge < 0 || wr->num_sge > static_cast<int>(q->cap.max_send_sge)) {
       err = EINVAL;
     } else if ((w.flags & IBV_SEND_INLINE) != 0) {
       // Inline data is copied at post time, so the caller may reuse the buffer at once.
