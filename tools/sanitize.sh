@@ -47,7 +47,7 @@ if [ "$kind" = address ]; then
   inproc+=':Mixed/SmallMatrix.*/5ranks*:Shm/LargeCounts.*/3ranks_ring:MixedEven/*:Nodes*:DeviceStaged.*:Paths/DevicePath.*'
   inproc+=':Shm/SmallMatrix.*/5ranks_hd*:Shm/LargeCounts.*/5ranks_hd*'
   inproc+=':-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
-  multiproc='Faults.*:SharedMemory.*:Loomrun.*:CudaIpc.*'
+  multiproc='Faults.*:SharedMemory.*:Loomrun.*:CudaIpc.*:IbProcesses.*'
 else
   inproc='*P2P*:Links/Mismatch*:Links/HangReport*:Communicator.*:Collectives.SeveralInFlight*:Collectives.BadArguments*'
   inproc+=':Tcp/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/4ranks_direct*:Links/Soak.*/4ranks_shm'

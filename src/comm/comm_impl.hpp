@@ -133,6 +133,11 @@ class CommImpl : public Progressable, public coll::CommView {
   /// Registers [addr, addr + bytes) with the transport linking this rank to `peer` (for this rank
   /// itself: the range without keys), for a zero-copy path to that peer; throws Error on failure.
   Registration registerMemory(int peer, const void* addr, size_t bytes) const;
+  /// What the registration cache of the transport linking to `peer` did so far.
+  RegistrationStats registrationStats(int peer) const {
+    checkPeer(peer, "registrationStats");
+    return links_.registrationStats(peer);
+  }
   /// The node's shared arena (a transport's ArenaProvider), or nullptr.
   const LocalArena* arena() const override { return links_.arena(); }
   /// Where peers' device memory is mapped (a transport's IpcCacheProvider), or nullptr when no

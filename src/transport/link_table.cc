@@ -93,6 +93,11 @@ void LinkTable::connect(TransportContext& ctx) {
   }
 }
 
+RegistrationStats LinkTable::registrationStats(int peer) const {
+  Transport* t = transportTo_[static_cast<size_t>(peer)];
+  return t != nullptr ? t->registrationStats() : RegistrationStats{};
+}
+
 Registration LinkTable::registerMemory(int peer, const void* addr, size_t bytes, Status* error) const {
   Transport* t = transportTo_[static_cast<size_t>(peer)];
   return t != nullptr ? t->registerMemory(addr, bytes, error) : Transport::registerKeyless(addr, bytes, error);
@@ -126,6 +131,8 @@ void LinkTable::waiting(bool on) noexcept {
 }
 
 void LinkTable::failAll(const Status& status) noexcept {
+  for (auto& c : conns_)
+    if (c) c->quiesce(status);
   for (auto& c : conns_)
     if (c) c->failAll(status);
 }

@@ -57,6 +57,8 @@ class LinkTable {
   /// Registers [addr, addr + bytes) with the transport linking to `peer` (for this rank itself:
   /// the range without keys); null and *error on failure.
   Registration registerMemory(int peer, const void* addr, size_t bytes, Status* error) const;
+  /// The registration statistics of the transport linking to `peer` (zeros for this rank).
+  RegistrationStats registrationStats(int peer) const;
 
   // ---- Progress by waiting threads: the connections' progress() and the engines' waiter
   // protocol (core/progress_engine.hpp). ----

@@ -48,6 +48,16 @@ struct RegisteredRange {
 /// A registration held by its user: the range stays registered at least as long as this lives.
 using Registration = std::shared_ptr<const RegisteredRange>;
 
+/// What a transport's registration cache did: how often a buffer found its registration made.
+struct RegistrationStats {
+  uint64_t hits = 0;
+  uint64_t misses = 0;         ///< each one a registration made
+  uint64_t evictions = 0;      ///< dropped to stay within the limits
+  uint64_t invalidations = 0;  ///< dropped because their memory changed
+  size_t entries = 0;          ///< registered now
+  size_t bytes = 0;
+};
+
 /// Implemented by a transport that must register memory: what RegistrationCache calls.
 class Registrar {
  public:

@@ -39,14 +39,7 @@ class RegistrationCache {
     /// From LOOM_REG_CACHE_ENTRIES and LOOM_REG_CACHE_BYTES.
     static Limits fromEnv();
   };
-  struct Stats {
-    uint64_t hits = 0;
-    uint64_t misses = 0;         ///< each one a registration made
-    uint64_t evictions = 0;      ///< dropped to stay within the limits
-    uint64_t invalidations = 0;  ///< dropped because their memory changed
-    size_t entries = 0;          ///< registered now
-    size_t bytes = 0;
-  };
+  using Stats = RegistrationStats;
 
   /// `registrar` must outlive the cache. `monitor` null: keep nothing past its last holder.
   RegistrationCache(Registrar& registrar, Limits limits, MemoryMonitor* monitor);

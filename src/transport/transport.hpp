@@ -69,6 +69,11 @@ class Connection : public ProgressSource {
   virtual void isend(const RequestPtr& req, const SendSpec& spec) noexcept = 0;
   /// Starts receiving into spec.buf the next message on spec.tag.
   virtual void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept = 0;
+  /// Stops whatever of the link could still touch a caller's buffer, ahead of failAll: the link
+  /// table stops every link before it fails any request, so that a caller woken by a failed
+  /// request may release its buffers at once (a collective that fails on one link returns while
+  /// its requests on others were in flight). Idempotent; any thread. Default: nothing to stop.
+  virtual void quiesce(const Status& why) noexcept { (void)why; }
   /// Fails every pending request with `status` and closes the link. Idempotent; any thread.
   virtual void failAll(const Status& status) noexcept = 0;
   /// One line for logs: transport, sockets, addresses.
@@ -125,6 +130,8 @@ class Transport {
   virtual Registration registerMemory(const void* addr, size_t bytes, Status* error) {
     return registerKeyless(addr, bytes, error);
   }
+  /// What this transport's registration cache did so far (zeros where it registers nothing).
+  virtual RegistrationStats registrationStats() const { return {}; }
   /// The default's registration: the range, no keys; null and *error for a null address.
   static Registration registerKeyless(const void* addr, size_t bytes, Status* error) {
     if (addr == nullptr) {

@@ -3,6 +3,7 @@
 // MPICH Hydra), IPv6, and the real mpirun where Open MPI is installed. Every child has a deadline.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -136,41 +138,38 @@ std::set<std::string> loomSegments() {
   return out;
 }
 
+// Runs the "collectives" worker (all-reduce, broadcast, all-gather of 8 B to 8 MiB, checked; each
+// link printed) as n processes with `extra` environment: each must pass and print all of `want`.
+void runCollectives(int n, const Env& extra, const std::vector<std::string>& want) {
+  const std::string port = std::to_string(freePort());
+  std::vector<Proc> procs;
+  for (int r = 0; r < n; ++r) {
+    Env e = torchEnv(r, n, port);
+    for (const auto& [k, v] : extra) e[k] = v;
+    procs.push_back(start({path("LOOM_TEST_WORKER"), "collectives"}, e));
+  }
+  for (int r = 0; r < n; ++r) {
+    std::string out;
+    EXPECT_EQ(finish(procs[static_cast<size_t>(r)], 120, &out), 0) << "rank " << r << ":\n" << out;
+    EXPECT_NE(out.find("of " + std::to_string(n) + " ok"), std::string::npos) << out;
+    for (const auto& w : want) EXPECT_NE(out.find(w), std::string::npos) << "no \"" << w << "\":\n" << out;
+  }
+}
+
 }  // namespace
 
 // ---- Shared memory between processes. ----
 
 TEST(SharedMemory, CollectivesBetweenProcessesUseSingleCopy) {
-  const std::string port = std::to_string(freePort());
   const auto before = loomSegments();
-  std::vector<Proc> procs;
-  for (int r = 0; r < 3; ++r) procs.push_back(start({path("LOOM_TEST_WORKER"), "collectives"}, torchEnv(r, 3, port)));
-  for (int r = 0; r < 3; ++r) {
-    std::string out;
-    EXPECT_EQ(finish(procs[r], 90, &out), 0) << "rank " << r << ":\n" << out;
-    EXPECT_NE(out.find("of 3 ok"), std::string::npos) << out;
-    EXPECT_NE(out.find(": shm,"), std::string::npos) << out;
-    EXPECT_NE(out.find("single copy (process_vm_readv)"), std::string::npos) << out;
-  }
+  runCollectives(3, {}, {": shm,", "single copy (process_vm_readv)"});
   EXPECT_EQ(loomSegments(), before);
 }
 
 // Container runtimes often forbid process_vm_readv (seccomp): the ranks find out at setup and copy
 // large messages through the rings instead.
 TEST(SharedMemory, ProcessVmReadvRefusedBySeccompFallsBackToTheRing) {
-  const std::string port = std::to_string(freePort());
-  std::vector<Proc> procs;
-  for (int r = 0; r < 3; ++r) {
-    Env e = torchEnv(r, 3, port);
-    e["NO_CMA_SECCOMP"] = "1";
-    procs.push_back(start({path("LOOM_TEST_WORKER"), "collectives"}, e));
-  }
-  for (int r = 0; r < 3; ++r) {
-    std::string out;
-    EXPECT_EQ(finish(procs[r], 90, &out), 0) << "rank " << r << ":\n" << out;
-    EXPECT_NE(out.find("of 3 ok"), std::string::npos) << out;
-    EXPECT_NE(out.find("process_vm_readv refused"), std::string::npos) << out;
-  }
+  runCollectives(3, {{"NO_CMA_SECCOMP", "1"}}, {"process_vm_readv refused"});
 }
 
 // A rank killed with SIGKILL in the middle of shared-memory all-reduces: the others fail within
@@ -582,13 +581,16 @@ TEST(RealLaunchers, SlurmSrun) {
 
 namespace {
 
-// Starts n loop workers (all-reduces of 4 MiB until one fails) and waits until rank `watch` loops.
-std::vector<Proc> startLooping(int n, int watch, const Env& extra) {
+// Starts n loop workers (all-reduces of 4 MiB until one fails) and waits until rank `watch` loops;
+// `only` is more environment for rank `watch` alone.
+std::vector<Proc> startLooping(int n, int watch, const Env& extra, const Env& only = {}) {
   const std::string port = std::to_string(freePort());
   std::vector<Proc> procs;
   for (int r = 0; r < n; ++r) {
     Env e = torchEnv(r, n, port);
     for (const auto& [k, v] : extra) e[k] = v;
+    if (r == watch)
+      for (const auto& [k, v] : only) e[k] = v;
     procs.push_back(start({path("LOOM_TEST_WORKER"), "loop"}, e));
   }
   for (int i = 0; i < 300; ++i) {
@@ -623,6 +625,127 @@ TEST(Faults, SigkillOverTcpIsNamedWithinSeconds) {
     std::printf("[ fault    ] SIGKILL over TCP: rank %d failed after %.2f s: %s", r, secs,
                 out.substr(out.find("failed:")).c_str());
   }
+}
+
+// ---- Faults over InfiniBand, through the tests' verbs provider (each rank a process). ----
+
+namespace {
+
+class IbProcesses : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (path("LOOM_TEST_VERBS_PROVIDER").empty())
+      GTEST_SKIP() << "LOOM_TEST_VERBS_PROVIDER is not set (meson sets it where the verbs headers are; by hand: "
+                      "LOOM_TEST_VERBS_PROVIDER=build/tests/libloom_test_verbs.so)";
+    char tmpl[] = "/tmp/loom-verbs-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    env_ = {{"LOOM_TRANSPORT", "ib"},
+            {"LOOM_IBVERBS_LIBRARY", path("LOOM_TEST_VERBS_PROVIDER")},
+            {"LOOM_TEST_VERBS_DIR", dir_}};
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
+  }
+  // Runs 4 looping ranks, rank `victim` with `fault` planted (LOOM_TEST_VERBS_FAULT; empty: killed
+  // once it loops); every other rank must fail within `limit` seconds, its error containing each
+  // of `want`. Returns the outputs by rank.
+  std::vector<std::string> run(int victim, const std::string& fault, const std::vector<std::string>& want,
+                               double limit = 10.0) {
+    const int n = 4;
+    Env only;
+    if (!fault.empty()) only["LOOM_TEST_VERBS_FAULT"] = fault;
+    auto procs = startLooping(n, victim, env_, only);
+    const auto from = std::chrono::steady_clock::now();
+    if (fault.empty()) kill(procs[static_cast<size_t>(victim)].pid, SIGKILL);
+    std::vector<std::string> outs(n);
+    for (int r = 0; r < n; ++r) {
+      const int rc = finish(procs[static_cast<size_t>(r)], 40, &outs[static_cast<size_t>(r)]);
+      const std::string& out = outs[static_cast<size_t>(r)];
+      if (r == victim && fault.empty()) continue;
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count();
+      EXPECT_EQ(rc, 1) << "rank " << r << ":\n" << out;
+      EXPECT_LT(secs, limit) << "rank " << r << " took " << secs << " s:\n" << out;
+      EXPECT_NE(out.find("all_reduce"), std::string::npos) << out;
+      for (const auto& w : want)
+        EXPECT_NE(out.find(w), std::string::npos) << "rank " << r << " lacks \"" << w << "\":\n" << out;
+      const size_t at = out.find("failed:");
+      std::printf("[ fault    ] %s: rank %d failed after %.2f s: %s", fault.empty() ? "SIGKILL over ib" : fault.c_str(),
+                  r, secs, at == std::string::npos ? out.c_str() : out.substr(at).c_str());
+    }
+    return outs;
+  }
+
+  std::string dir_;
+  Env env_;
+};
+
+}  // namespace
+
+namespace {
+
+// Why this machine has no RDMA device for the real-device test ("" when it has one).
+std::string whyNoRdmaDevice() {
+  void* lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return "libibverbs.so.1 is not installed (rdma-core's libibverbs1)";
+  using GetList = void** (*)(int*);
+  using FreeList = void (*)(void**);
+  auto get = reinterpret_cast<GetList>(dlsym(lib, "ibv_get_device_list"));
+  auto release = reinterpret_cast<FreeList>(dlsym(lib, "ibv_free_device_list"));
+  if (get == nullptr || release == nullptr) return "libibverbs.so.1 lacks ibv_get_device_list";
+  int n = 0;
+  errno = 0;
+  void** list = get(&n);
+  const int err = errno;
+  if (list != nullptr) release(list);
+  if (list == nullptr)
+    return std::string("ibv_get_device_list failed: ") + std::strerror(err) +
+           (err == ENOSYS ? " (this kernel has no RDMA support)" : "");
+  if (n == 0) return "ibv_get_device_list lists no device";
+  return "";
+}
+
+}  // namespace
+
+// On a machine with an RDMA adapter (InfiniBand or RoCE), the real libibverbs: three processes
+// check all-reduce, broadcast and all-gather from 8 B to 8 MiB over ib alone. Elsewhere it skips.
+TEST(IbRealDevice, CollectivesOverTheMachinesAdapter) {
+  const std::string why = whyNoRdmaDevice();
+  if (!why.empty()) GTEST_SKIP() << "no RDMA device here: " << why;
+  runCollectives(3, {{"LOOM_TRANSPORT", "ib"}}, {": ib over "});
+}
+
+// The same run through the tests' verbs provider, so that the test above is known to work.
+TEST_F(IbProcesses, CollectivesThroughTheProvider) { runCollectives(3, env_, {": ib over "}); }
+
+// A rank killed in the middle of an all-reduce over ib: every survivor fails within seconds,
+// through the side channel (its queue pairs alone would wait out their retries, about 30 s).
+TEST_F(IbProcesses, SigkillIsNamedWithinSeconds) { run(2, "", {"rank 2"}); }
+
+// A queue pair the adapter puts in error (IBV_EVENT_QP_FATAL) on one rank: that rank fails the
+// link, naming the peer; the others hear why over their side channels.
+TEST_F(IbProcesses, QueuePairInErrorIsNamedOnEveryRank) {
+  auto outs = run(1, "qp-fatal:400", {"put a queue pair of the link in error", "the link to rank"});
+  EXPECT_NE(outs[1].find("local work queue catastrophic error"), std::string::npos) << outs[1];
+}
+
+// An RDMA write with a key the target never gave: a remote access error where it was posted, an
+// access violation on the target's queue pair (the cause every other rank hears), within seconds.
+TEST_F(IbProcesses, WrongRemoteKeyIsARemoteAccessErrorOnEveryRank) {
+  // The ring's 1 MiB chunks go as RDMA writes (the halving-doubling's 64 KiB ones go eager).
+  env_["LOOM_ALGO"] = "ring";
+  auto outs = run(1, "bad-rkey:60", {});
+  // Whichever end's word spreads first: the writer's completion or the target's event.
+  for (const auto& out : outs)
+    EXPECT_TRUE(out.find("failed: remote access error (it refused the access") != std::string::npos ||
+                out.find("(local access violation work queue error)") != std::string::npos)
+        << out;
+}
+
+// The rank's port goes down (IBV_EVENT_PORT_ERR): every link of the rank fails at once, saying so.
+TEST_F(IbProcesses, PortDownFailsEveryLinkOfTheRank) {
+  auto outs = run(1, "port-down:400", {"went down"});
+  EXPECT_NE(outs[1].find("port 1 of"), std::string::npos) << outs[1];
 }
 
 // A stopped rank (SIGSTOP) keeps its connections open: the others time out, and the error carries

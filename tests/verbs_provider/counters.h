@@ -20,9 +20,16 @@ typedef struct LoomTestVerbsCounters {
   uint64_t remote_access_errors; /* remote access errors this process met */
   uint64_t registrations;        /* ibv_reg_mr calls that succeeded */
   uint64_t deregistrations;
+  uint64_t unmapped_accesses; /* DMA into or out of a registered region whose memory was unmapped */
+  /* The span of memory RDMA WRITEs read from (posted in this process) and wrote into (landed in
+   * this process): lowest address, one past the highest; 0 and 0 before the first. */
+  uint64_t write_source_begin, write_source_end;
+  uint64_t write_target_begin, write_target_end;
 } LoomTestVerbsCounters;
 
 const LoomTestVerbsCounters* loom_test_verbs_counters(void);
+/* Sets every counter of this process back to zero. */
+void loom_test_verbs_reset_counters(void);
 
 #ifdef __cplusplus
 }

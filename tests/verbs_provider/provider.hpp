@@ -170,6 +170,12 @@ struct Counters {
   std::atomic<uint64_t> remoteAccessErrors{0};
   std::atomic<uint64_t> registrations{0};  // ibv_reg_mr calls that succeeded
   std::atomic<uint64_t> deregistrations{0};
+  std::atomic<uint64_t> unmappedAccesses{0};  // DMA into or out of memory no longer mapped
+  // The span RDMA WRITEs read from and wrote into ([begin, end); begin ~0 before the first).
+  std::atomic<uint64_t> writeSourceBegin{~0ULL}, writeSourceEnd{0};
+  std::atomic<uint64_t> writeTargetBegin{~0ULL}, writeTargetEnd{0};
+  /// Widens a span to hold [addr, addr + n).
+  static void widen(std::atomic<uint64_t>& begin, std::atomic<uint64_t>& end, uint64_t addr, uint64_t n);
 };
 Counters& counters();
 

@@ -111,6 +111,15 @@ Counters& counters() {
   return *c;
 }
 
+void Counters::widen(std::atomic<uint64_t>& begin, std::atomic<uint64_t>& end, uint64_t addr, uint64_t n) {
+  uint64_t b = begin.load();
+  while (addr < b && !begin.compare_exchange_weak(b, addr)) {
+  }
+  uint64_t e = end.load();
+  while (addr + n > e && !end.compare_exchange_weak(e, addr + n)) {
+  }
+}
+
 Mr* findMr(Context* ctx, uint32_t key, bool remote) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -160,6 +169,13 @@ void toError(Qp* q, bool notify, ibv_event_type event) {
     sends.swap(q->sendQueue);
     recvs.swap(q->recvQueue);
   }
+  // The event is raised as the queue pair enters the error state, before its work is flushed.
+  if (notify) {
+    ibv_async_event e{};
+    e.event_type = event;
+    e.element.qp = &q->qp;
+    postAsyncEvent(q->owner, e);
+  }
   for (const auto& w : sends) {
     ibv_wc wc{};
     wc.wr_id = w.wrId;
@@ -173,12 +189,6 @@ void toError(Qp* q, bool notify, ibv_event_type event) {
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.qp_num = q->qp.qp_num;
     pushCompletion(reinterpret_cast<Cq*>(q->qp.recv_cq), wc);
-  }
-  if (notify) {
-    ibv_async_event e{};
-    e.event_type = event;
-    e.element.qp = &q->qp;
-    postAsyncEvent(q->owner, e);
   }
 }
 
@@ -578,7 +588,23 @@ const LoomTestVerbsCounters* loom_test_verbs_counters(void) {
   snapshot.remote_access_errors = c.remoteAccessErrors;
   snapshot.registrations = c.registrations;
   snapshot.deregistrations = c.deregistrations;
+  snapshot.unmapped_accesses = c.unmappedAccesses;
+  const bool wrote = c.writeSourceEnd != 0, landed = c.writeTargetEnd != 0;
+  snapshot.write_source_begin = wrote ? c.writeSourceBegin.load() : 0;
+  snapshot.write_source_end = c.writeSourceEnd;
+  snapshot.write_target_begin = landed ? c.writeTargetBegin.load() : 0;
+  snapshot.write_target_end = c.writeTargetEnd;
   return &snapshot;
+}
+
+void loom_test_verbs_reset_counters(void) {
+  Counters& c = counters();
+  for (auto* a :
+       {&c.sendBytes, &c.writeBytes, &c.readBytes, &c.writeWithImm, &c.sends, &c.rnrNaks, &c.remoteAccessErrors,
+        &c.registrations, &c.deregistrations, &c.unmappedAccesses, &c.writeSourceEnd, &c.writeTargetEnd})
+    a->store(0);
+  c.writeSourceBegin = ~0ULL;
+  c.writeTargetBegin = ~0ULL;
 }
 
 }  // extern "C"

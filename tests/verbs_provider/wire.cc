@@ -18,6 +18,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,6 +48,27 @@ const bool kDebug = std::getenv("LOOM_TEST_VERBS_DEBUG") != nullptr;
   } while (0)
 
 using Clock = std::chrono::steady_clock;
+
+// The adapter's DMA into and out of registered memory. A real adapter keeps a region's pages
+// pinned, so memory an application freed while work on it was in flight is read or written
+// without harm; here the pages may be gone, so the copy goes through process_vm_readv/writev on
+// this process, which report a fault instead of raising SIGSEGV (the bytes are then lost, as
+// they would be). Counted, for tests that want none.
+bool dma(void* to, const void* from, size_t n, bool write) {
+  if (n == 0) return true;
+  iovec local{write ? const_cast<void*>(from) : to, n};
+  iovec remote{write ? to : const_cast<void*>(from), n};
+  const ssize_t r = write ? process_vm_writev(getpid(), &local, 1, &remote, 1, 0)
+                          : process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+  if (r == static_cast<ssize_t>(n)) return true;
+  if (r < 0 && (errno == EPERM || errno == ENOSYS)) {  // forbidden (seccomp): a plain copy
+    std::memcpy(to, from, n);
+    return true;
+  }
+  counters().unmappedAccesses++;
+  VP_DEBUG("DMA %s %zu bytes at %p: memory gone", write ? "write of" : "read of", n, write ? to : from);
+  return false;
+}
 
 enum Kind : uint8_t { kRequest = 1, kAck, kNak, kReadResponse };
 enum NakCode : uint8_t { kRnr = 1, kAccess, kInvalid, kRemoteOp };
@@ -331,7 +353,7 @@ class Wire {
     for (const auto& s : w.sges) {
       if (done == n) break;
       const uint64_t k = std::min<uint64_t>(s.length, n - done);
-      std::memcpy(reinterpret_cast<void*>(s.addr), data + done, k);
+      dma(reinterpret_cast<void*>(s.addr), data + done, k, true);
       done += k;
     }
     return true;
@@ -349,6 +371,13 @@ class Wire {
     append(c, a, payload, n);
   }
 
+  // Answers an RDMA READ with the bytes it asked for (checked against the region already).
+  void readResponse(Conn* c, const Packet& p) {
+    std::vector<uint8_t> bytes(p.length);
+    dma(bytes.data(), reinterpret_cast<const void*>(p.raddr), p.length, false);
+    reply(c, p, kReadResponse, kRnr, bytes.data(), bytes.size());
+  }
+
   void respond(Conn* c, const Packet& p, const uint8_t* payload) {
     VP_DEBUG("request op %d seq %llu from qp %u to qp %u, %llu bytes", p.opcode, (unsigned long long)p.seq, p.srcQpn,
              p.dstQpn, (unsigned long long)p.length);
@@ -364,7 +393,7 @@ class Wire {
     if (q->lastSeq != 0 && p.seq <= q->lastSeq) {
       if (p.seq < q->lastSeq) return;
       if (q->lastAnswer == kReadResponse)
-        reply(c, p, kReadResponse, kRnr, reinterpret_cast<const uint8_t*>(p.raddr), p.length);
+        readResponse(c, p);
       else
         reply(c, p, kAck, kRnr);
       return;
@@ -397,11 +426,12 @@ class Wire {
       }
       if (!write) {
         done(kReadResponse);
-        reply(c, p, kReadResponse, kRnr, reinterpret_cast<const uint8_t*>(p.raddr), p.length);
+        readResponse(c, p);
         return;
       }
-      if (p.length > 0) std::memcpy(reinterpret_cast<void*>(p.raddr), payload, p.length);
+      if (p.length > 0) dma(reinterpret_cast<void*>(p.raddr), payload, p.length, true);
       counters().writeBytes += p.length;
+      if (p.length > 0) Counters::widen(counters().writeTargetBegin, counters().writeTargetEnd, p.raddr, p.length);
       if (op == IBV_WR_RDMA_WRITE) {
         done(kAck);
         reply(c, p, kAck, kRnr);
@@ -500,17 +530,16 @@ class Wire {
     if (a.kind == kAck) {
       finish(q, s, IBV_WC_SUCCESS);
     } else if (a.kind == kReadResponse) {
-      Work w;
-      {
-        std::lock_guard<std::mutex> lock(q->mu);
-        if (q->sendQueue.empty()) return;
-        w = q->sendQueue.front();
-      }
       uint64_t done = 0;
-      for (const auto& g : w.sges) {
-        const uint64_t k = std::min<uint64_t>(g.length, a.payload - done);
-        std::memcpy(reinterpret_cast<void*>(g.addr), payload + done, k);
-        done += k;
+      {
+        // Written under the lock, as the request's gather is read (step).
+        std::lock_guard<std::mutex> lock(q->mu);
+        if (q->sendQueue.empty() || q->qp.state == IBV_QPS_ERR) return;
+        for (const auto& g : q->sendQueue.front().sges) {
+          const uint64_t k = std::min<uint64_t>(g.length, a.payload - done);
+          dma(reinterpret_cast<void*>(g.addr), payload + done, k, true);
+          done += k;
+        }
       }
       counters().readBytes += done;
       finish(q, s, IBV_WC_SUCCESS, done);
@@ -573,12 +602,28 @@ class Wire {
       }
       if (now < s.resendAt) continue;
       Work w;
+      std::vector<uint8_t> payload;
+      bool gathered = true;
       {
+        // Read from memory under the queue pair's lock, as a real adapter stops reading once the
+        // queue pair is in error: its owner may free the buffers as soon as that returns.
         std::lock_guard<std::mutex> lock(q->mu);
         if (q->qp.state != IBV_QPS_RTS || q->sendQueue.empty()) continue;
         w = q->sendQueue.front();
+        gathered = gatherOk(q, w);
+        if (gathered && w.opcode != IBV_WR_RDMA_READ) {
+          payload.reserve(w.bytes());
+          for (const auto& g : w.sges) {
+            const size_t at = payload.size();
+            payload.resize(at + g.length);
+            if ((w.flags & IBV_SEND_INLINE) != 0)
+              std::memcpy(payload.data() + at, w.inlineData.data() + at, g.length);
+            else
+              dma(payload.data() + at, reinterpret_cast<const void*>(g.addr), g.length, false);
+          }
+        }
       }
-      if (!gatherOk(q, w)) {
+      if (!gathered) {
         finish(q, s, IBV_WC_LOC_PROT_ERR);
         continue;
       }
@@ -613,16 +658,11 @@ class Wire {
       VP_DEBUG("qp %u sends op %d seq %llu to qp %u via \"%s\" (%s)", qpn, p.opcode, (unsigned long long)p.seq,
                q->destQpn, routeOf(q->destQpn).c_str(), s.conn ? "connected" : "unreachable");
       if (!s.conn) continue;  // unreachable: the deadline fails it
-      std::vector<uint8_t> payload;
-      if (w.opcode != IBV_WR_RDMA_READ) {
-        payload.reserve(p.length);
-        for (const auto& g : w.sges) {
-          const auto* src = (w.flags & IBV_SEND_INLINE) != 0 ? w.inlineData.data() + payload.size()
-                                                             : reinterpret_cast<const uint8_t*>(g.addr);
-          payload.insert(payload.end(), src, src + g.length);
-        }
-        if ((w.flags & IBV_SEND_INLINE) == 0) counters().sendBytes += payload.size();
-      }
+      const bool send = w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM;
+      if (send && (w.flags & IBV_SEND_INLINE) == 0) counters().sendBytes += payload.size();
+      if ((w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) && (w.flags & IBV_SEND_INLINE) == 0)
+        for (const auto& g : w.sges)
+          if (g.length > 0) Counters::widen(counters().writeSourceBegin, counters().writeSourceEnd, g.addr, g.length);
       p.payload = payload.size();
       append(s.conn.get(), p, payload.data(), payload.size());
       flushOut(s.conn.get());
@@ -646,6 +686,58 @@ class Wire {
 
 void wireRegister(Qp* q) { Wire::get().add(q); }
 void wireUnregister(Qp* q) { Wire::get().remove(q); }
+
+namespace {
+
+// A fault LOOM_TEST_VERBS_FAULT plants in this process: "qp-fatal:N" (the queue pair of the N-th
+// send work request posted goes to the error state, with IBV_EVENT_QP_FATAL), "port-down:N" (its
+// port goes down then, with IBV_EVENT_PORT_ERR), "bad-rkey:N" (the N-th RDMA write carries a key
+// the target never gave: a remote access error at both ends).
+struct Fault {
+  enum Kind { None, QpFatal, PortDown, BadRkey } kind = None;
+  uint64_t at = 0;
+  std::atomic<uint64_t> seen{0};
+};
+
+Fault& fault() {
+  static Fault* f = [] {
+    auto* out = new Fault();
+    const char* spec = std::getenv("LOOM_TEST_VERBS_FAULT");
+    if (spec == nullptr || *spec == '\0') return out;
+    const std::string text(spec);
+    const size_t colon = text.find(':');
+    const std::string kind = text.substr(0, colon);
+    out->at = colon == std::string::npos ? 1 : std::strtoull(text.c_str() + colon + 1, nullptr, 10);
+    if (kind == "qp-fatal") out->kind = Fault::QpFatal;
+    if (kind == "port-down") out->kind = Fault::PortDown;
+    if (kind == "bad-rkey") out->kind = Fault::BadRkey;
+    if (out->kind == Fault::None) std::fprintf(stderr, "verbs provider: LOOM_TEST_VERBS_FAULT=%s: unknown\n", spec);
+    return out;
+  }();
+  return *f;
+}
+
+// Whether the fault strikes at this work request (counted among those of its kind).
+bool strikes(Fault::Kind kind, const Work& w) {
+  Fault& f = fault();
+  if (f.kind != kind) return false;
+  const bool counted =
+      kind != Fault::BadRkey || w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  return counted && f.seen.fetch_add(1) + 1 == f.at;
+}
+
+void portDown(Qp* q) {
+  Device* d = q->owner->device;
+  if (q->port >= 1 && q->port <= static_cast<int>(d->ports.size()))
+    d->ports[static_cast<size_t>(q->port - 1)].active = false;
+  ibv_async_event e{};
+  e.event_type = IBV_EVENT_PORT_ERR;
+  e.element.port_num = q->port;
+  postAsyncEvent(q->owner, e);
+  VP_DEBUG("planted: port %d of %s down", q->port, d->name.c_str());
+}
+
+}  // namespace
 
 int postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   auto* q = reinterpret_cast<Qp*>(qp);
@@ -689,11 +781,21 @@ int postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       if (posted > 0) Wire::get().kick();
       return err;
     }
+    if (strikes(Fault::BadRkey, w)) {
+      VP_DEBUG("planted: a wrong rkey on queue pair %u", q->qp.qp_num);
+      w.rkey ^= 0x5a5a5a5au;
+    }
+    const bool fatal = strikes(Fault::QpFatal, w), down = strikes(Fault::PortDown, w);
     {
       std::lock_guard<std::mutex> lock(q->mu);
       q->sendQueue.push_back(std::move(w));
     }
     ++posted;
+    if (fatal) {
+      VP_DEBUG("planted: queue pair %u in error", q->qp.qp_num);
+      toError(q, true, IBV_EVENT_QP_FATAL);
+    }
+    if (down) portDown(q);
   }
   Wire::get().kick();
   return 0;

@@ -60,8 +60,11 @@ IbConnection::IbConnection(int rank, int peer, const PortContext& pc, ibv_comp_c
 
 IbConnection::~IbConnection() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    failLocked(Status::error(ErrorCode::Aborted, "the communicator was destroyed", peer_), false);
+    std::unique_lock<std::mutex> lock(mu_);
+    const Status why = Status::error(ErrorCode::Aborted, "the communicator was destroyed", peer_);
+    finishSendsLocked(lock);
+    stopLocked(why);
+    failRequestsLocked(closedStatus_);
   }
   const Verbs& v = *pc_.verbs;
   qps_.clear();
@@ -122,7 +125,11 @@ void IbConnection::unlock(std::unique_lock<std::mutex>& lock) noexcept {
   std::optional<Status> hook;
   hook.swap(hookPending_);
   lock.unlock();
-  if (hook) failure_->runHook(*hook);
+  if (!hook) return;
+  failure_->runHook(*hook);  // stops every link, then fails their requests (this one's too)
+  lock.lock();
+  failRequestsLocked(closedStatus_);
+  lock.unlock();
 }
 
 bool IbConnection::pollLocked() noexcept {
@@ -139,9 +146,15 @@ bool IbConnection::pollLocked() noexcept {
 
 void IbConnection::completionLocked(const ibv_wc& wc) noexcept {
   const uint64_t kind = wc.wr_id & kKindMask;
+  if (wc.status == IBV_WC_WR_FLUSH_ERR) {
+    // A consequence: the queue pair went to the error state (its cause, an asynchronous event or
+    // a failed request of the other side, may come later or never reach this rank).
+    failLocked(inErrorStatus("the work posted on it was flushed"));
+    return;
+  }
   if (wc.status != IBV_WC_SUCCESS) {
     const char* what = kind == kRecvSlot ? "receiving" : kind == kWrite ? "an RDMA write" : "sending";
-    failLocked(linkError(what, pc_.verbs->wcStatusStr(wc.status)));
+    failLocked(completionError(what, wc.status));
     return;
   }
   if (kind == kRecvSlot) {
@@ -151,9 +164,7 @@ void IbConnection::completionLocked(const ibv_wc& wc) noexcept {
     return;
   }
   if (kind == kSendSlot) {
-    const int slot = static_cast<int>(wc.wr_id & 0xfffff);
-    if (slot == byeSlot_) byeSlot_ = -2;  // gone
-    freeSendSlots_.push_back(slot);
+    if ((wc.wr_id & kNoSlot) != kNoSlot) freeSendSlots_.push_back(static_cast<int>(wc.wr_id & kNoSlot));
     sendWrLeft_[0]++;
     return;
   }
@@ -169,38 +180,67 @@ void IbConnection::completionLocked(const ibv_wc& wc) noexcept {
   }
 }
 
-void IbConnection::failAll(const Status& status) noexcept {
+void IbConnection::quiesce(const Status& why) noexcept {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!closed_ && connected_) sayByeLocked(status, lock);
-  failLocked(status, false);
+  finishSendsLocked(lock);
+  stopLocked(why);
 }
 
-void IbConnection::sayByeLocked(const Status& why, std::unique_lock<std::mutex>& lock) noexcept {
-  Outgoing o;
-  o.h.type = static_cast<uint8_t>(Msg::Bye);
-  const std::string text = why.message.substr(0, std::min<size_t>(why.message.size(), 4096));
-  o.payload.assign(text.begin(), text.end());
-  o.h.bytes = o.payload.size();
-  outq_.push_front(std::make_unique<Outgoing>(std::move(o)));
-  pumpLocked();
-  // Best effort, briefly: a peer that is gone takes the adapter's whole retry time to say so.
+void IbConnection::failAll(const Status& status) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  finishSendsLocked(lock);
+  stopLocked(status);
+  failRequestsLocked(status);
+}
+
+void IbConnection::finishSendsLocked(std::unique_lock<std::mutex>& lock) noexcept {
+  // Where the adapter may touch a caller's buffer (a clear-to-send went either way), the link
+  // stops at once: no byte may move once its request has failed.
+  if (closed_ || !connected_ || !incoming_.empty() || !writing_.empty() || !writes_.empty()) return;
+  // Meanwhile nothing is delivered into a posted receive (what arrives is kept) and no announced
+  // send starts: only this link's own staging slots are read, whatever the callers do with their
+  // buffers (a collective that failed on another link may return before this one fails).
+  closing_ = true;
+  // Briefly: a peer that is gone takes the adapter's whole retry time to say so.
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-  while (!closed_ && byeSlot_ >= 0 && std::chrono::steady_clock::now() < until) {
+  while (!closed_ && sendsInFlightLocked() && std::chrono::steady_clock::now() < until) {
     if (!pollLocked()) {
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       lock.lock();
     }
   }
+  // A failure of the link met meanwhile needs no hook: every link is being closed already.
+  hookPending_.reset();
+}
+
+bool IbConnection::sendsInFlightLocked() const {
+  if (!outq_.empty() || !writes_.empty()) return true;
+  for (size_t q = 0; q < qps_.size(); ++q)
+    if (sendWrLeft_[q] < kSendWr) return true;
+  return false;
 }
 
 void IbConnection::failLocked(const Status& s, bool ofLink) noexcept {
   if (closed_) return;
   // The communicator is marked failed before this link's requests fail: a thread woken by one
   // must find it failed (tcp_connection.cc, failFrom, says why).
-  if (ofLink && failure_ && failure_->record(s)) hookPending_ = s;
+  const bool first = ofLink && failure_ && failure_->record(s);
+  stopLocked(s);
+  // The communicator's first failure: its hook stops every other link before any request fails
+  // (LinkTable::failAll), this link's included (unlock() fails them if the hook did not).
+  if (first) {
+    hookPending_ = s;
+    return;
+  }
+  failRequestsLocked(s);
+}
+
+void IbConnection::stopLocked(const Status& s) noexcept {
+  if (closed_) return;
   closed_ = true;
   closedStatus_ = s;
+  sayOnSideLocked(s.message);
   // Stop the adapter first: no write may land in a buffer once its request has failed and its
   // owner may free it.
   for (auto& q : qps_) {
@@ -209,6 +249,9 @@ void IbConnection::failLocked(const Status& s, bool ofLink) noexcept {
     a.qp_state = IBV_QPS_ERR;
     pc_.verbs->modifyQp(q->get(), &a, IBV_QP_STATE);
   }
+}
+
+void IbConnection::failRequestsLocked(const Status& s) noexcept {
   for (auto& [seq, op] : awaitingCts_) op->req->fail(s);
   for (auto& [seq, op] : writing_) op->req->fail(s);
   for (auto& [id, op] : incoming_) op->req->fail(s);
@@ -222,12 +265,38 @@ void IbConnection::failLocked(const Status& s, bool ofLink) noexcept {
   matcher_.dropKeptIf([](const std::shared_ptr<Unexpected>& u) { return static_cast<Msg>(u->h.type) != Msg::Eager; });
 }
 
-Status IbConnection::linkError(const char* what, const std::string& why) const {
+Status IbConnection::linkError(const char* what, const std::string& why, const char* hint) const {
   return Status::error(ErrorCode::Remote,
-                       strFormat("ib: %s on the link to rank %d failed: %s (did rank %d exit or crash, or its "
-                                 "port go down?)",
-                                 what, peer_, why.c_str(), peer_),
-                       peer_);
+                       strFormat("ib: %s on the link to rank %d failed: %s%s", what, peer_, why.c_str(), hint), peer_);
+}
+
+Status IbConnection::completionError(const char* what, ibv_wc_status status) const {
+  const char* hint = "";
+  switch (status) {
+    case IBV_WC_RETRY_EXC_ERR:
+      hint =
+          " (its adapter did not answer within LOOM_IB_TIMEOUT and LOOM_IB_RETRY_CNT: is its port down, or "
+          "unreachable from this one?)";
+      break;
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+      hint = " (it kept no receive posted)";
+      break;
+    case IBV_WC_REM_ACCESS_ERR:
+      hint = " (it refused the access: a key or range it did not give, or no longer has registered)";
+      break;
+    case IBV_WC_REM_INV_REQ_ERR:
+    case IBV_WC_REM_OP_ERR:
+      hint = " (it could not carry the request out)";
+      break;
+    case IBV_WC_LOC_PROT_ERR:
+    case IBV_WC_LOC_LEN_ERR:
+    case IBV_WC_LOC_QP_OP_ERR:
+      hint = " (this rank's request was at fault: a bug in Loom, please report it)";
+      break;
+    default:
+      break;
+  }
+  return linkError(what, pc_.verbs->wcStatusStr(status), hint);
 }
 
 }  // namespace ib

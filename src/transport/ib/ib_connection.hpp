@@ -3,7 +3,9 @@
 //
 // Protocol. Every message starts as a SEND on queue pair 0 into one of the receive slots the peer
 // keeps posted (registered buffers of LOOM_IB slot size): a message up to the eager limit goes
-// whole in it (EAGER: header and payload, copied once on each side); a larger one is announced
+// whole in it (EAGER: header and payload, copied once on each side; inline in the work request,
+// with no read of memory by the adapter, where it fits the queue pair's inline limit, at most
+// kInlineBytes with its header); a larger one is announced
 // (RTS). Once a matching receive is posted, the receiver registers its buffer (the transport's
 // registration cache: a buffer used again is registered once) and answers CTS with the buffer's
 // address and remote key and an id; the sender then RDMA-writes the payload straight from its own
@@ -21,16 +23,24 @@
 // be announced; the last credit of queue pair 0 is kept for that message, so two sides that both
 // ran out always can.
 //
-// Closing: a rank that closes a link (its communicator destroyed, aborted or failed) sends BYE with
-// its reason; the peer fails what it has pending with the link with "rank N left the communicator:
-// <reason>" (and the communicator, if anything was pending), as over TCP.
+// Closing: a rank that closes a link (its communicator destroyed, aborted or failed) lets what it
+// sent reach the peer (briefly), stops its queue pairs, fails what it has pending, and sends BYE
+// with its reason over the link's side channel (side_channel.hpp), which works when the queue pairs
+// do not; the peer takes what its completion queue still holds, then fails what it has pending with
+// the link with "rank N left the communicator: <reason>" (and the communicator, if anything was
+// pending), as over TCP. A side channel that ends without a BYE means the peer's process ended:
+// that is said at once, where the queue pair would say it only when its retries ran out. The
+// adapter's asynchronous events about the link (a queue pair or its completion queue in error, the
+// port down: ib_transport.cc) fail it too, naming the peer.
 //
 // Threads: isend/irecv post from the caller's thread; completions are taken by whichever thread
 // calls progress() (a waiter, or the receive engine woken through the completion channel of the
 // transport). One mutex guards everything; no verbs call blocks.
 #pragma once
 
+#include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +48,8 @@
 #include <string>
 #include <vector>
 
+#include "core/progress_engine.hpp"
+#include "net/socket.hpp"
 #include "transport/ib/queue_pair.hpp"
 #include "transport/matching.hpp"
 #include "transport/registration_cache.hpp"
@@ -75,10 +87,25 @@ class IbConnection : public Connection {
   /// After an event on the transport's completion channel for this connection's queue: re-arms
   /// it and moves what is there. Engine thread.
   void onCompletionEvent() noexcept;
+  /// Watches the link's side channel to the peer (side_channel.hpp) from `engine`; `lastWordOf`
+  /// asks the store for what a peer that ended without a BYE left there (may be empty).
+  void watchSide(Socket side, ProgressEngine* engine,
+                 std::function<std::string(int, std::chrono::milliseconds)> lastWordOf);
+  /// The adapter reported `what` (a phrase: "port 1 of mlx5_0 went down (port error)") about one
+  /// of this link's queue pairs, its completion queue or its port: the link fails (and the
+  /// communicator with it). Engine thread.
+  void onAdapterEvent(const std::string& what) noexcept;
+  /// Where the transport tells what the adapter said about this link so far ("" if nothing): a
+  /// link whose work was flushed, or whose posting was refused, asks it for the cause.
+  void setAdapterReason(std::function<std::string()> reason) { adapterReason_ = std::move(reason); }
+  /// Whether `qp` is one of this link's queue pairs; `cq` its completion queue.
+  bool owns(const ibv_qp* qp) const;
+  bool owns(const ibv_cq* cq) const { return cq == cq_; }
 
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
   void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
+  void quiesce(const Status& why) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
   bool progress() noexcept override;
@@ -95,7 +122,25 @@ class IbConnection : public Connection {
   struct Outgoing;
   struct Write;
 
+  // The side channel's reader, in the receive engine.
+  class SideWatch : public PollHandler {
+   public:
+    explicit SideWatch(IbConnection& c) : c_(c) {}
+    void onPollEvents(uint32_t events) noexcept override { c_.onSideEvents(events); }
+
+   private:
+    IbConnection& c_;
+  };
+
   bool pollLocked() noexcept;
+  /// Whether an operation waits on the peer (then its leaving fails the communicator).
+  bool pendingLocked() const;
+  void onSideEvents(uint32_t events) noexcept;
+  /// The side channel ended: with the peer's BYE (`why`) or without a word (null).
+  void sideEnded(const std::string* why) noexcept;
+  /// Tells the peer over the side channel why this link closes, once (best effort, no wait).
+  void sayOnSideLocked(const std::string& why) noexcept;
+  Status leftStatus(const std::string& why) const;
   void completionLocked(const ibv_wc& wc) noexcept;
   void receivedLocked(int qp, int slot, const ibv_wc& wc) noexcept;
   void messageLocked(const Header& h, const uint8_t* payload) noexcept;
@@ -108,14 +153,32 @@ class IbConnection : public Connection {
   void repostLocked(int qp, int slot) noexcept;
   void returnCreditsLocked() noexcept;
   /// Closes the link and fails what is pending. A failure of the link itself (`ofLink`) is also
-  /// the communicator's: recorded now, its hook (which fails every other link) run by unlock().
+  /// the communicator's: recorded now, its hook (which stops every other link) run by unlock(),
+  /// and this link's requests failed after it.
   void failLocked(const Status& s, bool ofLink = true) noexcept;
-  /// Tells the peer why this rank closes the link (BYE), waiting a moment for it to go, so that
-  /// the peer's pending requests fail at once with the reason.
-  void sayByeLocked(const Status& why, std::unique_lock<std::mutex>& lock) noexcept;
+  /// Closes the link: the queue pairs stop (no byte moves from now on), the peer is told why.
+  void stopLocked(const Status& s) noexcept;
+  /// Fails every pending request with `s`.
+  void failRequestsLocked(const Status& s) noexcept;
+  /// Before the link closes in order (failAll, destruction): what this rank sent, which its
+  /// senders count as gone (an eager message is complete once copied), reaches the peer first, or
+  /// a BYE over the side channel could overtake it and the queue pair's end flush it. Briefly.
+  void finishSendsLocked(std::unique_lock<std::mutex>& lock) noexcept;
+  bool sendsInFlightLocked() const;
   /// Lets go of the lock, then runs the failure hook a failure of the link left to run.
   void unlock(std::unique_lock<std::mutex>& lock) noexcept;
-  Status linkError(const char* what, const std::string& why) const;
+  /// "ib: <what> on the link to rank N failed: <why><hint>".
+  Status linkError(const char* what, const std::string& why, const char* hint = "") const;
+  /// A work completion's error, with what it says of the peer.
+  Status completionError(const char* what, ibv_wc_status status) const;
+  /// The link failed for what the adapter said (`what`, a phrase).
+  Status adapterStatus(const std::string& what) const;
+  /// Posting on queue pair `qp` was refused with `err`: said as the adapter's doing where it put
+  /// the queue pair in error (its asynchronous event may not have been read yet).
+  Status postError(int qp, const char* what, int err) const;
+  /// The link failed because the adapter put one of its queue pairs in error (`detail`: how
+  /// this rank saw it), with the adapter's reason where it gave one.
+  Status inErrorStatus(const std::string& detail) const;
 
   const int rank_, peer_;
   const PortContext& pc_;
@@ -127,7 +190,7 @@ class IbConnection : public Connection {
   std::mutex mu_;
   bool closed_ = false;
   bool connected_ = false;  // the queue pairs reached RTS
-  int byeSlot_ = -1;        // the send slot of the BYE in flight
+  bool closing_ = false;    // finishSendsLocked: nothing delivered, no announced send started
   bool creditQueued_ = false;
   Status closedStatus_;
   std::optional<Status> hookPending_;
@@ -147,6 +210,15 @@ class IbConnection : public Connection {
   std::map<uint64_t, std::shared_ptr<SendOp>> writing_;      // by sequence number
   std::map<uint32_t, std::shared_ptr<RecvOp>> incoming_;     // by id: CTS sent, writes awaited
   TagMatcher<std::shared_ptr<RecvOp>, std::shared_ptr<Unexpected>> matcher_;
+  // The side channel (engine thread, but for the BYE said on it under mu_).
+  Socket side_;
+  ProgressEngine* sideEngine_ = nullptr;
+  std::unique_ptr<SideWatch> sideWatch_;
+  std::vector<uint8_t> sideIn_;
+  bool sideSaid_ = false;
+  bool sideDone_ = false;
+  std::function<std::string(int, std::chrono::milliseconds)> lastWordOf_;
+  std::function<std::string()> adapterReason_;
   uint64_t nextSeq_ = 1;
   uint32_t nextId_ = 1;
   unsigned nextQp_ = 0;

@@ -44,7 +44,7 @@ void IbConnection::receivedLocked(int qp, int slot, const ibv_wc& wc) noexcept {
   for (size_t q = 0; q < qps_.size(); ++q) credits_[q] += h.grant[q];
   const size_t payload = wc.byte_len - sizeof(Header);
   const auto type = static_cast<Msg>(h.type);
-  if ((type == Msg::Eager || type == Msg::Bye) && payload != h.bytes) {
+  if (type == Msg::Eager && payload != h.bytes) {
     failLocked(linkError("receiving", "a message whose length disagrees with its header"));
     return;
   }
@@ -59,7 +59,8 @@ void IbConnection::messageLocked(const Header& h, const uint8_t* payload) noexce
   switch (static_cast<Msg>(h.type)) {
     case Msg::Eager:
     case Msg::Rts: {
-      std::optional<std::shared_ptr<RecvOp>> r = matcher_.takeRecv(h.tag);
+      // While the link closes, nothing is delivered into a caller's buffer (finishSendsLocked).
+      std::optional<std::shared_ptr<RecvOp>> r = closing_ ? std::nullopt : matcher_.takeRecv(h.tag);
       if (!r) {
         auto u = std::make_shared<Unexpected>();
         u->h = h;
@@ -80,16 +81,6 @@ void IbConnection::messageLocked(const Header& h, const uint8_t* payload) noexce
       return;
     case Msg::Credit:
       return;
-    case Msg::Bye: {
-      const std::string why(reinterpret_cast<const char*>(payload), h.bytes);
-      const Status st =
-          Status::error(ErrorCode::Remote, strFormat("rank %d left the communicator: %s", peer_, why.c_str()), peer_);
-      // A peer that leaves while nothing is pending with it is a normal shutdown; one that leaves
-      // mid-operation fails the communicator.
-      const bool pending = matcher_.anyPosted() || !awaitingCts_.empty() || !writing_.empty() || !incoming_.empty();
-      failLocked(st, pending);
-      return;
-    }
   }
   failLocked(linkError("receiving", strFormat("a message of unknown type %u", h.type)));
 }
@@ -135,6 +126,7 @@ void IbConnection::startLargeLocked(const std::shared_ptr<RecvOp>& op, const Hea
 
 void IbConnection::ctsLocked(const Header& h) noexcept {
   auto it = awaitingCts_.find(h.seq);
+  if (closing_) return;  // its send fails as the link closes, before a byte of it moves
   if (it == awaitingCts_.end() || h.bytes != it->second->bytes) {
     failLocked(linkError("receiving", "a clear-to-send for a message that was not announced"));
     return;
@@ -159,6 +151,7 @@ void IbConnection::ctsLocked(const Header& h) noexcept {
 
 void IbConnection::nackLocked(const Header& h) noexcept {
   auto it = awaitingCts_.find(h.seq);
+  if (closing_) return;
   if (it == awaitingCts_.end()) {
     failLocked(linkError("receiving", "a refusal of a message that was not announced"));
     return;
@@ -201,45 +194,55 @@ void IbConnection::repostLocked(int qp, int slot) noexcept {
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
   if (int e = ibv_post_recv(qps_[static_cast<size_t>(qp)]->get(), &wr, &bad))
-    failLocked(linkError("posting a receive", std::strerror(e)));
+    failLocked(postError(qp, "posting a receive", e));
 }
 
 void IbConnection::pumpLocked() noexcept {
   const Verbs& v = *pc_.verbs;
   (void)v;
-  while (!closed_ && !outq_.empty() && !freeSendSlots_.empty() && sendWrLeft_[0] > 0) {
+  const size_t inlineBytes = qps_[0]->maxInline();
+  uint8_t stage[kInlineBytes];
+  while (!closed_ && !outq_.empty() && sendWrLeft_[0] > 0) {
     Outgoing& o = *outq_.front();
-    const bool credit = static_cast<Msg>(o.h.type) == Msg::Credit || static_cast<Msg>(o.h.type) == Msg::Bye;
+    const bool credit = static_cast<Msg>(o.h.type) == Msg::Credit;
     // The last credit of queue pair 0 is kept for the message that returns credits.
     if (credits_[0] < (credit ? 1 : 2)) break;
+    // A small message goes inline (the adapter takes its bytes with the request); a larger one
+    // from a registered staging slot.
+    const size_t bytes = sizeof(Header) + o.payload.size();
+    const bool inlined = bytes <= inlineBytes;
+    if (!inlined && freeSendSlots_.empty()) break;
     for (size_t q = 0; q < qps_.size(); ++q) {
       o.h.grant[q] = static_cast<uint16_t>(toReturn_[q]);
       toReturn_[q] = 0;
     }
-    const int slot = freeSendSlots_.back();
-    freeSendSlots_.pop_back();
-    uint8_t* at = sendArea_ + static_cast<size_t>(slot) * options_.slotBytes;
+    uint64_t slot = kNoSlot;
+    uint8_t* at = stage;
+    if (!inlined) {
+      slot = static_cast<uint64_t>(freeSendSlots_.back());
+      freeSendSlots_.pop_back();
+      at = sendArea_ + slot * options_.slotBytes;
+    }
     std::memcpy(at, &o.h, sizeof(Header));
     if (!o.payload.empty()) std::memcpy(at + sizeof(Header), o.payload.data(), o.payload.size());
     ibv_sge sge;
     sge.addr = reinterpret_cast<uint64_t>(at);
-    sge.length = static_cast<uint32_t>(sizeof(Header) + o.payload.size());
-    sge.lkey = sendMr_->lkey;
+    sge.length = static_cast<uint32_t>(bytes);
+    sge.lkey = inlined ? 0 : sendMr_->lkey;
     ibv_send_wr wr;
     std::memset(&wr, 0, sizeof wr);
-    wr.wr_id = kSendSlot | static_cast<uint64_t>(slot);
+    wr.wr_id = kSendSlot | slot;
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.send_flags = IBV_SEND_SIGNALED | (inlined ? static_cast<unsigned>(IBV_SEND_INLINE) : 0u);
     ibv_send_wr* bad = nullptr;
     if (int e = ibv_post_send(qps_[0]->get(), &wr, &bad)) {
-      failLocked(linkError("posting a send", std::strerror(e)));
+      failLocked(postError(0, "posting a send", e));
       return;
     }
     credits_[0]--;
     sendWrLeft_[0]--;
-    if (static_cast<Msg>(o.h.type) == Msg::Bye) byeSlot_ = slot;
     if (static_cast<Msg>(o.h.type) == Msg::Credit) creditQueued_ = false;
     outq_.pop_front();
   }
@@ -263,7 +266,7 @@ void IbConnection::pumpLocked() noexcept {
     wr.wr.rdma.rkey = w.rkey;
     ibv_send_wr* bad = nullptr;
     if (int e = ibv_post_send(qps_[q]->get(), &wr, &bad)) {
-      failLocked(linkError("posting an RDMA write", std::strerror(e)));
+      failLocked(postError(w.qp, "posting an RDMA write", e));
       return;
     }
     credits_[q]--;

@@ -12,13 +12,15 @@ namespace loom {
 namespace ib {
 namespace proto {
 
-enum class Msg : uint8_t { Eager = 1, Rts, Cts, Nack, Credit, Bye };
+enum class Msg : uint8_t { Eager = 1, Rts, Cts, Nack, Credit };
 
 // Work request ids: the kind in the top two bits, then what it refers to.
 constexpr uint64_t kRecvSlot = 1ULL << 62;
 constexpr uint64_t kSendSlot = 2ULL << 62;
 constexpr uint64_t kWrite = 3ULL << 62;
 constexpr uint64_t kKindMask = 3ULL << 62;
+// The "slot" of a send that went inline: it used none.
+constexpr uint64_t kNoSlot = 0xfffff;
 
 // Send work requests per queue pair: the staging slots' SENDs and the writes in flight.
 constexpr int kSendWr = 256;

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "core/format.hpp"
@@ -42,10 +43,30 @@ class IbTransport::ChannelWatch : public PollHandler {
   ibv_comp_channel* ch_;
 };
 
+// The device's asynchronous events, in the receive engine (the descriptor is non-blocking).
+class IbTransport::AsyncWatch : public PollHandler {
+ public:
+  explicit AsyncWatch(IbTransport& t) : t_(t) {}
+  void onPollEvents(uint32_t) noexcept override { t_.dispatchAsync(); }
+
+ private:
+  IbTransport& t_;
+};
+
 IbTransport::IbTransport() = default;
 
 IbTransport::~IbTransport() {
   // The link table stopped the engines and destroyed the connections (and their queues) first.
+  if (cache_) {
+    const RegistrationStats s = cache_->stats();
+    if (s.hits + s.misses > 0)
+      LOOM_INFO(
+          "ib: registration cache: %llu buffer(s) registered, %llu use(s) of a registration made before "
+          "(%.1f%%), %llu dropped as their memory changed",
+          static_cast<unsigned long long>(s.misses), static_cast<unsigned long long>(s.hits),
+          100.0 * static_cast<double>(s.hits) / static_cast<double>(s.hits + s.misses),
+          static_cast<unsigned long long>(s.invalidations));
+  }
   cache_.reset();
   if (channel_ != nullptr) port_->context().verbs->destroyCompChannel(channel_);
 }
@@ -81,6 +102,12 @@ void IbTransport::publish(TransportContext& ctx) {
     LOOM_INFO("ib: not used: %s", why.c_str());
     return;
   }
+  if (!side_.publish(ctx, &why)) {
+    why_ = why;
+    LOOM_INFO("ib: not used: %s", why.c_str());
+    port_.reset();
+    return;
+  }
   channel_ = v->createCompChannel(port_->context().context);
   if (channel_ == nullptr) {
     why_ = strFormat("cannot create a completion channel: %s", std::strerror(errno));
@@ -91,6 +118,10 @@ void IbTransport::publish(TransportContext& ctx) {
   fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
   watch_ = std::make_unique<ChannelWatch>(*v, channel_);
   ctx.engine->add(channel_->fd, watch_.get(), EPOLLIN);
+  ibv_context* device = port_->context().context;
+  fcntl(device->async_fd, F_SETFL, fcntl(device->async_fd, F_GETFL) | O_NONBLOCK);
+  asyncWatch_ = std::make_unique<AsyncWatch>(*this);
+  ctx.engine->add(device->async_fd, asyncWatch_.get(), EPOLLIN);
   cache_ = std::make_unique<RegistrationCache>(static_cast<Registrar&>(*this), RegistrationCache::Limits::fromEnv(),
                                                MemoryMonitor::get());
   LOOM_INFO("ib: rank %d uses %s", ctx.rank, port_->describe().c_str());
@@ -164,6 +195,7 @@ std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ct
         "messages written in place (RDMA) from registered memory",
         rank, p, port_->describe().c_str(), options.qps, bytesText(IbConnection::eagerLimit(options)).c_str());
     auto c = std::make_unique<IbConnection>(rank, p, port_->context(), channel_, *cache_, ctx.failure, options, desc);
+    c->setAdapterReason([this, link = c.get()] { return adapterReason(*link); });
     ctx.store->setString(strFormat("ib/%d/%d", rank, p), c->addresses());
     mine.push_back(c.get());
     out.push_back(std::move(c));
@@ -174,8 +206,93 @@ std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ct
     ctx.store->setString(strFormat("ibok/%d/%d", rank, p), "ok");
   }
   for (int p : peers) awaitFromPeer(ctx, strFormat("ibok/%d/%d", p, rank), p, "bring its ib queue pairs up");
+  std::map<int, Bytes> records;
+  for (int p : peers) {
+    const std::string r = awaitFromPeer(ctx, SideChannels::key(p), p, "publish its ib side-channel address");
+    records[p] = Bytes(r.begin(), r.end());
+  }
+  std::map<int, Socket> sides = side_.connect(ctx, records);
+  for (size_t i = 0; i < peers.size(); ++i) mine[i]->watchSide(std::move(sides[peers[i]]), ctx.engine, ctx.lastWordOf);
+  std::lock_guard<std::mutex> lock(connsMu_);
   conns_.insert(conns_.end(), mine.begin(), mine.end());
   return out;
+}
+
+void IbTransport::drainAsyncLocked() noexcept {
+  const PortContext& pc = port_->context();
+  ibv_async_event e;
+  while (pc.verbs->getAsyncEvent(pc.context, &e) == 0) {
+    stash_.push_back(e);
+    // Acknowledged at once: destroying a queue pair waits for its events' acknowledgements.
+    pc.verbs->ackAsyncEvent(&e);
+  }
+}
+
+void IbTransport::dispatchAsync() noexcept {
+  std::vector<ibv_async_event> events;
+  {
+    std::lock_guard<std::mutex> lock(asyncMu_);
+    drainAsyncLocked();
+    events.swap(stash_);
+  }
+  for (const ibv_async_event& e : events) {
+    std::vector<IbConnection*> hit;
+    {
+      std::lock_guard<std::mutex> lock(connsMu_);
+      for (IbConnection* c : conns_)
+        if (isAbout(e, *c)) hit.push_back(c);
+    }
+    const std::string what = describeEvent(e);
+    if (hit.empty()) LOOM_INFO("ib: event: %s", what.c_str());
+    for (IbConnection* c : hit) c->onAdapterEvent(what);
+  }
+}
+
+std::string IbTransport::adapterReason(const IbConnection& c) noexcept {
+  std::lock_guard<std::mutex> lock(asyncMu_);
+  drainAsyncLocked();
+  for (const ibv_async_event& e : stash_)
+    if (isAbout(e, c)) return describeEvent(e);
+  return std::string();
+}
+
+bool IbTransport::isAbout(const ibv_async_event& e, const IbConnection& c) const {
+  switch (e.event_type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_PATH_MIG_ERR:
+      return c.owns(e.element.qp);
+    case IBV_EVENT_CQ_ERR:
+      return c.owns(e.element.cq);
+    case IBV_EVENT_PORT_ERR:
+      return e.element.port_num == port_->context().port.port;
+    case IBV_EVENT_DEVICE_FATAL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string IbTransport::describeEvent(const ibv_async_event& e) const {
+  const PortContext& pc = port_->context();
+  const char* name = pc.verbs->eventTypeStr(e.event_type);
+  const char* dev = pc.port.device.c_str();
+  switch (e.event_type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_PATH_MIG_ERR:
+      return strFormat("%s put a queue pair of the link in error (%s)", dev, name);
+    case IBV_EVENT_CQ_ERR:
+      return strFormat("%s put the link's completion queue in error (%s)", dev, name);
+    case IBV_EVENT_PORT_ERR:
+      return strFormat("port %d of %s went down (%s)", e.element.port_num, dev, name);
+    case IBV_EVENT_DEVICE_FATAL:
+      return strFormat("%s failed (%s)", dev, name);
+    default:
+      return strFormat("%s on %s port %d", name, dev, pc.port.port);
+  }
 }
 
 }  // namespace ib

@@ -1,25 +1,30 @@
-// IbTransport: links over InfiniBand or RoCE through RC queue pairs (ib_connection.hpp), for
-// peers on other nodes (and any peer when it is the only transport allowed, LOOM_TRANSPORT=ib).
+// IbTransport: links over InfiniBand or RoCE through RC queue pairs (ib_connection.hpp), for peers
+// on other nodes (and any peer when it is the only transport allowed, LOOM_TRANSPORT=ib).
 //
 // Setup: publish() opens the rank's port (open_port.hpp: LOOM_IB_HCA, the NUMA node of the rank's
-// CPUs, ranks spread over a node's ports) and makes the completion channel every connection's
-// queue reports to, watched by the receive engine. connect() makes each peer's connection (its
-// queue pairs in INIT, receives posted), writes their addresses to the store under
+// CPUs, ranks spread over a node's ports), makes the completion channel every connection's queue
+// reports to and listens for side channels (side_channel.hpp); the receive engine watches the
+// channel and the device's asynchronous events (a queue pair or completion queue in error fails its
+// link, the port going down or the device failing every link). connect() makes each peer's
+// connection (its queue pairs in INIT, receives posted), writes their addresses to the store under
 // ib/<rank>/<peer>, reads the peer's, brings the queue pairs to RTS and says so under
 // ibok/<rank>/<peer>; it returns once every peer has said so, so that no first message meets a
-// queue pair that is not ready. A rank whose setup fails writes "error: <why>" under ib/<rank>,
-// and its peers fail at once with that reason, not at the deadline.
+// queue pair that is not ready, and each link's side channel is formed. A rank whose setup fails
+// writes "error: <why>" under ib/<rank>, and its peers fail at once with that reason, not at the
+// deadline.
 //
-// Where libibverbs is missing, lists no device, or no port is usable, the transport reaches no
-// peer and says why (LOOM_DEBUG=INFO, and in the error when it was the only one allowed).
+// Where libibverbs is missing, lists no device, or no port is usable, the transport reaches no peer
+// and says why (LOOM_DEBUG=INFO, and in the error when it was the only one allowed).
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "transport/ib/ib_connection.hpp"
 #include "transport/ib/open_port.hpp"
+#include "transport/ib/side_channel.hpp"
 #include "transport/registration_cache.hpp"
 #include "transport/transport.hpp"
 
@@ -38,19 +43,37 @@ class IbTransport : public Transport, private Registrar {
   void publish(TransportContext& ctx) override;
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
   Registration registerMemory(const void* addr, size_t bytes, Status* error) override;
+  RegistrationStats registrationStats() const override { return cache_ ? cache_->stats() : RegistrationStats{}; }
 
  private:
   class ChannelWatch;
+  class AsyncWatch;
   Status registerRange(uintptr_t begin, size_t bytes, RegisteredRange* out) noexcept override;
   void deregisterRange(const RegisteredRange& range) noexcept override;
   std::vector<std::unique_ptr<Connection>> setUp(TransportContext& ctx, const std::vector<int>& peers);
   std::string awaitFromPeer(TransportContext& ctx, const std::string& key, int peer, const char* what);
+  /// Reads the device's asynchronous events into stash_ (asyncMu_ held).
+  void drainAsyncLocked() noexcept;
+  /// Reads the device's events and hands each to the links it is about (engine thread).
+  void dispatchAsync() noexcept;
+  /// What event `e` says, in a phrase ("port 1 of mlx5_0 went down (port error)"), and whether it
+  /// is about link `c`.
+  std::string describeEvent(const ibv_async_event& e) const;
+  bool isAbout(const ibv_async_event& e, const IbConnection& c) const;
+  /// What an event read so far says about link `c` ("" if none): a link whose work was flushed
+  /// says why with it. Any thread (under the link's lock).
+  std::string adapterReason(const IbConnection& c) noexcept;
 
   std::unique_ptr<OpenPort> port_;
   std::string why_;
   ibv_comp_channel* channel_ = nullptr;
   std::unique_ptr<ChannelWatch> watch_;
+  std::unique_ptr<AsyncWatch> asyncWatch_;
+  std::mutex asyncMu_;                  // after a link's lock, never before
+  std::vector<ibv_async_event> stash_;  // read, not yet handed to the links
+  SideChannels side_;
   std::unique_ptr<RegistrationCache> cache_;
+  std::mutex connsMu_;  // conns_: set up by connect(), read by the engine thread's async events
   std::vector<IbConnection*> conns_;
 };
 

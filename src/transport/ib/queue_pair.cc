@@ -13,9 +13,9 @@ namespace loom {
 namespace ib {
 namespace {
 
-// Inline sends save the adapter a read of small messages (headers, credits); providers that
-// allow less say so at creation and the transport copies instead.
-constexpr uint32_t kWantInline = 64;
+// Inline sends save the adapter a read of small messages (a header and a small payload); a
+// provider that allows less says so at creation, and one that allows none refuses it.
+constexpr uint32_t kWantInline = kInlineBytes;
 
 uint32_t randomPsn() {
   static thread_local std::mt19937 gen{std::random_device{}()};

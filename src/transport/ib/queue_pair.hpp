@@ -15,6 +15,10 @@
 namespace loom {
 namespace ib {
 
+/// The most a send carries inline (the bytes in the work request, no read of memory by the
+/// adapter): a header and a small payload.
+constexpr uint32_t kInlineBytes = 256;
+
 struct QpAddress {
   uint32_t qpn = 0;
   uint32_t psn = 0;
@@ -57,7 +61,8 @@ class QueuePair {
   /// that failed.
   void connect(const QpAddress& remote);
   ibv_qp* get() const { return qp_; }
-  uint32_t maxInline() const { return maxInline_; }
+  /// What one send may carry inline here (the adapter's limit, at most kInlineBytes).
+  uint32_t maxInline() const { return maxInline_ < kInlineBytes ? maxInline_ : kInlineBytes; }
 
  private:
   [[noreturn]] void fail(const char* step, int err) const;

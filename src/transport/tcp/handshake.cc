@@ -4,6 +4,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -75,6 +76,16 @@ struct Handshakes::Pending {
   SockAddr target;  // connecting: the peer's listener for this socket
   size_t from = 0;  // connecting: this rank's interface for it
 };
+
+void StrayRejector::onPollEvents(uint32_t) noexcept {
+  for (;;) {
+    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) return;
+    LOOM_WARN("rejected a connection from %s on rank %d's %s: the communicator is already formed",
+              peerAddress(c).toString().c_str(), rank_, what_);
+    ::close(c);
+  }
+}
 
 void tuneDataSocket(int fd) {
   setNoDelay(fd);

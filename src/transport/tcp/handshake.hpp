@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/progress_engine.hpp"
 #include "net/interfaces.hpp"
 #include "net/socket.hpp"
 #include "transport/transport.hpp"
@@ -70,6 +71,20 @@ class Handshakes {
   std::vector<std::unique_ptr<Pending>> pending_;
   std::string lastError_;
   int rejected_ = 0;
+};
+
+/// A listener's watch once its links are formed: whoever connects then is a stranger (another
+/// job, a port scanner) and is closed at once, with a warning naming the listener (`what`: "peer
+/// port"). Engine thread.
+class StrayRejector : public PollHandler {
+ public:
+  StrayRejector(int fd, int rank, const char* what) : fd_(fd), rank_(rank), what_(what) {}
+  void onPollEvents(uint32_t events) noexcept override;
+
+ private:
+  int fd_;
+  int rank_;
+  const char* what_;
 };
 
 /// Socket options of a data socket: no Nagle, LOOM_SOCKET_BUFFER, and the keepalive heartbeat

@@ -34,7 +34,8 @@
 // copy bytes unlocked, so both directions and the caller's reductions proceed in parallel. While
 // a stream is being read or written unlocked, a failure leaves that stream's in-flight operation
 // alone; the reader or writer fails it when it relocks, so a buffer is never released to the user
-// while the kernel still copies into it. Requests are completed with mu_ held (Request never calls back into the connection).
+// while the kernel still copies into it. Requests are completed with mu_ held (Request never calls back into the
+// connection).
 #pragma once
 
 #include <algorithm>

@@ -58,24 +58,6 @@ LinkProperties TcpTransport::linkProperties() {
   return p;
 }
 
-class TcpTransport::StrayRejector : public PollHandler {
- public:
-  StrayRejector(int fd, int rank) : fd_(fd), rank_(rank) {}
-  void onPollEvents(uint32_t) noexcept override {
-    for (;;) {
-      int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (c < 0) return;
-      LOOM_WARN("rejected a connection from %s on rank %d's peer port: the communicator is already formed",
-                peerAddress(c).toString().c_str(), rank_);
-      ::close(c);
-    }
-  }
-
- private:
-  int fd_;
-  int rank_;
-};
-
 TcpTransport::TcpTransport() = default;
 
 TcpTransport::~TcpTransport() {
@@ -218,7 +200,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
     out.push_back(std::move(conn));
   }
   for (auto& l : listeners_) {
-    rejectors_.push_back(std::make_unique<StrayRejector>(l.fd(), ctx.rank));
+    rejectors_.push_back(std::make_unique<StrayRejector>(l.fd(), ctx.rank, "peer port"));
     ctx.engine->add(l.fd(), rejectors_.back().get(), EPOLLIN);
   }
   if (handshakes.rejected() > 0)

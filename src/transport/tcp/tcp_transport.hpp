@@ -25,6 +25,8 @@
 namespace loom {
 namespace tcp {
 
+class StrayRejector;  // handshake.hpp
+
 class TcpConnection;
 
 class TcpTransport : public Transport {
@@ -43,7 +45,6 @@ class TcpTransport : public Transport {
   SockAddr listenAddress(size_t i = 0) const;
 
  private:
-  class StrayRejector;
   std::vector<Interface> ifaces_;  // one per interface used, in the order sockets take them
   std::vector<Socket> listeners_;  // by interface
   std::vector<std::unique_ptr<StrayRejector>> rejectors_;
