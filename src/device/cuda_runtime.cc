@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -67,6 +68,13 @@ class CudaRuntime final : public DeviceRuntime {
     return d;
   }
   void setDevice(int device) override { check(cudaSetDevice(device), "cudaSetDevice"); }
+  std::string pciBusId(int device) override {
+    char id[32] = {0};
+    if (cudaDeviceGetPCIBusId(id, sizeof id, device) != cudaSuccess) return std::string();
+    std::string out(id);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  }
 
   void prepare(int device) override {
     std::lock_guard<std::mutex> lock(prepareMu_);  // a second caller waits until the kernels are in

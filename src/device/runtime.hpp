@@ -42,6 +42,12 @@ class DeviceRuntime {
   virtual int currentDevice() = 0;
   /// Makes `device` current on the calling thread.
   virtual void setDevice(int device) = 0;
+  /// The PCI address of `device` ("0000:3b:00.0", lower case), or "" where the runtime cannot say:
+  /// the ib transport picks the RDMA adapter nearest the rank's GPU by it.
+  virtual std::string pciBusId(int device) {
+    (void)device;
+    return std::string();
+  }
 
   /// Readies `device` for Loom's work, once per process and device (later calls return at once):
   /// loads the kernels, whose lazy load at a first launch would wait for a stream Loom holds. Called

@@ -59,6 +59,9 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   int deviceCount() override { return 1; }
   int currentDevice() override { return 0; }
   void setDevice(int) override {}
+  std::string pciBusId(int) override { return busId; }
+  /// What pciBusId says ("": unknown, as the default runtime says).
+  std::string busId;
   void prepare(int) override { prepared_.store(true); }
   loom::device::StreamHandle createStream() override;
   void destroyStream(loom::device::StreamHandle s) noexcept override;

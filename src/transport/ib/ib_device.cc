@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -189,6 +191,7 @@ std::string PortInfo::describe() const {
   if (!ethernet) s += strFormat(", LID %u", static_cast<unsigned>(lid));
   if (mtuBytes(activeMtu) > 0) s += strFormat(", MTU %d", mtuBytes(activeMtu));
   s += numaNode >= 0 ? strFormat(", NUMA node %d", numaNode) : std::string(", NUMA node unknown");
+  if (pciPath.compare(0, 13, "/sys/devices/") == 0) s += ", PCI " + pciPath.substr(pciPath.rfind('/') + 1);
   if (gids.empty()) {
     s += ", no GID";
   } else {
@@ -222,11 +225,14 @@ std::vector<PortInfo> listPorts(const Verbs& v, std::string* why) {
     if (v.queryDevice(ctx, &dattr) == 0) {
       const std::string ibdevPath = list[d]->ibdev_path;
       const std::string numa = readLine(ibdevPath + "/device/numa_node");
+      char pci[PATH_MAX];
+      const std::string pciPath = realpath((ibdevPath + "/device").c_str(), pci) != nullptr ? pci : "";
       for (int port = 1; port <= dattr.phys_port_cnt; ++port) {
         PortInfo p;
         p.device = name;
         p.port = port;
         p.numaNode = numa.empty() ? -1 : std::atoi(numa.c_str());
+        p.pciPath = pciPath;
         readPort(v, ctx, ibdevPath, port, &p);
         out.push_back(std::move(p));
       }

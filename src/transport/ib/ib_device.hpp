@@ -44,6 +44,7 @@ struct PortInfo {
   LinkSpeed speed;
   std::vector<GidInfo> gids;  ///< the port's non-zero GIDs
   int numaNode = -1;          ///< -1: unknown
+  std::string pciPath;        ///< the adapter's sysfs path ("/sys/devices/pci0000:00/..."; "": unknown)
   bool active() const;
   std::string stateText() const;
   /// One line for loom-info and logs.

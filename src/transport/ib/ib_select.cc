@@ -3,12 +3,18 @@
 #include <sched.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include "core/format.hpp"
 #include "core/param.hpp"
 #include "core/status.hpp"
 #include "core/topology.hpp"
+#include "device/runtime.hpp"
 
 namespace loom {
 namespace ib {
@@ -60,18 +66,15 @@ IbSettings ibSettingsFromEnv() {
   return s;
 }
 
-const PortInfo* choosePort(const std::vector<PortInfo>& ports, const HcaSpec& spec, int numaNode, int localIndex,
+const PortInfo* choosePort(const std::vector<PortInfo>& ports, const HcaSpec& spec, const Locality& where,
                            std::string* why) {
-  std::vector<const PortInfo*> usable, near;
+  std::vector<const PortInfo*> usable;
   std::string seen;
   for (const auto& p : ports) {
     seen += strFormat("%s%s:%d (%s)", seen.empty() ? "" : ", ", p.device.c_str(), p.port, p.stateText().c_str());
-    if (!p.active() || !hcaSelected(spec, p.device, p.port)) continue;
-    usable.push_back(&p);
-    if (numaNode >= 0 && p.numaNode == numaNode) near.push_back(&p);
+    if (p.active() && hcaSelected(spec, p.device, p.port)) usable.push_back(&p);
   }
-  const auto& pool = near.empty() ? usable : near;
-  if (pool.empty()) {
+  if (usable.empty()) {
     if (why != nullptr) {
       *why = ports.empty() ? "no RDMA port found"
                            : strFormat("no active port among %s is selected (LOOM_IB_HCA=\"%s\")", seen.c_str(),
@@ -79,9 +82,44 @@ const PortInfo* choosePort(const std::vector<PortInfo>& ports, const HcaSpec& sp
     }
     return nullptr;
   }
-  return pool[static_cast<size_t>(std::max(0, localIndex)) % pool.size()];
+  // The ports that pass `keep`, or all of `from` if none does.
+  auto narrow = [](const std::vector<const PortInfo*>& from, auto keep) {
+    std::vector<const PortInfo*> out;
+    for (const PortInfo* p : from)
+      if (keep(*p)) out.push_back(p);
+    return out.empty() ? from : out;
+  };
+  std::vector<const PortInfo*> pool = usable;
+  if (!where.gpuPciPath.empty()) {
+    int best = 0;
+    for (const PortInfo* p : usable) best = std::max(best, sharedPciDepth(p->pciPath, where.gpuPciPath));
+    if (best > 0) {
+      pool = narrow(usable, [&](const PortInfo& p) { return sharedPciDepth(p.pciPath, where.gpuPciPath) == best; });
+    } else if (where.gpuNumaNode >= 0) {
+      pool = narrow(usable, [&](const PortInfo& p) { return p.numaNode == where.gpuNumaNode; });
+    }
+  } else if (where.numaNode >= 0) {
+    pool = narrow(usable, [&](const PortInfo& p) { return p.numaNode == where.numaNode; });
+  }
+  return pool[static_cast<size_t>(std::max(0, where.localIndex)) % pool.size()];
 }
 
+int sharedPciDepth(const std::string& a, const std::string& b) {
+  const std::string root = "/sys/devices/";
+  if (a.compare(0, root.size(), root) != 0 || b.compare(0, root.size(), root) != 0) return 0;
+  std::stringstream sa(a.substr(root.size())), sb(b.substr(root.size()));
+  int depth = 0;
+  for (std::string x, y; std::getline(sa, x, '/') && std::getline(sb, y, '/') && x == y;) {
+    // Bridges only: a host bridge ("pci0000:00") and PCI addresses below it ("0000:00:01.0").
+    if (x.compare(0, 3, "pci") != 0 && std::count(x.begin(), x.end(), ':') != 2) break;
+    ++depth;
+  }
+  return depth;
+}
+
+namespace {
+
+// The NUMA node most of the calling thread's allowed CPUs are on, or -1.
 int callerNumaNode() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -97,6 +135,31 @@ int callerNumaNode() {
       most = n;
     }
   return best;
+}
+
+}  // namespace
+
+Locality callerLocality(int localIndex) {
+  Locality where;
+  where.numaNode = callerNumaNode();
+  where.localIndex = localIndex;
+  std::string bus;
+  if (device::DeviceRuntime* rt = device::runtime()) {
+    try {
+      if (rt->deviceCount() > 0) bus = rt->pciBusId(rt->currentDevice());
+    } catch (const Error&) {
+      bus.clear();  // a GPU that cannot say where it is: the CPUs decide
+    }
+  }
+  if (!bus.empty()) {
+    char path[PATH_MAX];
+    if (realpath(("/sys/bus/pci/devices/" + bus).c_str(), path) != nullptr) {
+      where.gpuPciPath = path;
+      std::ifstream numa(where.gpuPciPath + "/numa_node");
+      if (!(numa >> where.gpuNumaNode)) where.gpuNumaNode = -1;
+    }
+  }
+  return where;
 }
 
 }  // namespace ib

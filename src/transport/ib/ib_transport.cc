@@ -92,10 +92,12 @@ bool IbTransport::reaches(const TransportContext& ctx, int peer) const {
 
 void IbTransport::publish(TransportContext& ctx) {
   std::string why;
+  Locality where;
   const Verbs* v = verbs(&why);
   if (v != nullptr) {
     // Ranks of a node are usually numbered in a row: the rank spreads them over the node's ports.
-    port_ = OpenPort::open(*v, ibSettingsFromEnv(), callerNumaNode(), ctx.rank, &why);
+    where = callerLocality(ctx.rank);
+    port_ = OpenPort::open(*v, ibSettingsFromEnv(), where, &why);
   }
   if (!port_) {
     why_ = why;
@@ -124,7 +126,9 @@ void IbTransport::publish(TransportContext& ctx) {
   ctx.engine->add(device->async_fd, asyncWatch_.get(), EPOLLIN);
   cache_ = std::make_unique<RegistrationCache>(static_cast<Registrar&>(*this), RegistrationCache::Limits::fromEnv(),
                                                MemoryMonitor::get());
-  LOOM_INFO("ib: rank %d uses %s", ctx.rank, port_->describe().c_str());
+  const std::string& gpu = where.gpuPciPath;
+  LOOM_INFO("ib: rank %d uses %s%s%s", ctx.rank, port_->describe().c_str(), gpu.empty() ? "" : ", for its GPU at ",
+            gpu.empty() ? "" : gpu.substr(gpu.rfind('/') + 1).c_str());
 }
 
 Registration IbTransport::registerMemory(const void* addr, size_t bytes, Status* error) {

@@ -13,9 +13,10 @@ namespace ib {
 
 class OpenPort {
  public:
-  /// Opens the port choosePort() picks for this rank (LOOM_IB_HCA, NUMA node, local index).
-  /// Null and *why when the library, a device or a usable port is missing or cannot be opened.
-  static std::unique_ptr<OpenPort> open(const Verbs& v, const IbSettings& settings, int numaNode, int localIndex,
+  /// Opens the port choosePort() picks for a rank at `where` (LOOM_IB_HCA, its GPU or NUMA node,
+  /// its local index). Null and *why when the library, a device or a usable port is missing or
+  /// cannot be opened.
+  static std::unique_ptr<OpenPort> open(const Verbs& v, const IbSettings& settings, const Locality& where,
                                         std::string* why);
   ~OpenPort();
   OpenPort(const OpenPort&) = delete;
