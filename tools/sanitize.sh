@@ -52,8 +52,8 @@ else
   inproc='*P2P*:Links/Mismatch*:Links/HangReport*:Communicator.*:Collectives.SeveralInFlight*:Collectives.BadArguments*'
   inproc+=':Tcp/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/4ranks_direct*:Links/Soak.*/4ranks_shm'
   inproc+=':Soak.TwoCommunicators*:GradSync.*:Ranks/DataParallel.*:DeviceStaged.*:Paths/DevicePath.*:Links/DeviceMatrix.*/3ranks*'
-  inproc+=':Shm/SmallMatrix.*/5ranks_hd*:-*LargeBothDirections*:*/ib'
-  multiproc='Faults.RecoveryExample*:SharedMemory.SigkillInMid*'
+  inproc+=':Shm/SmallMatrix.*/5ranks_hd*:IbZeroCopy.*:-*LargeBothDirections*'
+  multiproc='Faults.RecoveryExample*:SharedMemory.SigkillInMid*:IbProcesses.*'
 fi
 status=0
 echo "sanitize ($kind): unit tests"
