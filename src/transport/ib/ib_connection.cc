@@ -27,6 +27,16 @@ IbConnection::IbConnection(int rank, int peer, const PortContext& pc, ibv_comp_c
       failure_(std::move(failure)),
       options_(options),
       description_(std::move(description)) {
+  try {
+    build(channel);
+  } catch (...) {
+    release();  // a constructor that throws runs no destructor
+    throw;
+  }
+}
+
+void IbConnection::build(ibv_comp_channel* channel) {
+  const PortContext& pc = pc_;
   const Verbs& v = *pc.verbs;
   const int nq = std::max(1, std::min(options_.qps, kMaxQps));
   const int cqe = nq * (options_.slots + kSendWr) + 16;
@@ -66,13 +76,20 @@ IbConnection::~IbConnection() {
     stopLocked(why);
     failRequestsLocked(closedStatus_);
   }
+  release();
+}
+
+void IbConnection::release() noexcept {
   const Verbs& v = *pc_.verbs;
-  qps_.clear();
+  qps_.clear();  // before their completion queue
   if (cq_ != nullptr) v.destroyCq(cq_);
   if (recvMr_ != nullptr) v.deregMr(recvMr_);
   if (sendMr_ != nullptr) v.deregMr(sendMr_);
   std::free(recvArea_);
   std::free(sendArea_);
+  cq_ = nullptr;
+  recvMr_ = sendMr_ = nullptr;
+  recvArea_ = sendArea_ = nullptr;
 }
 
 size_t IbConnection::eagerLimit(const IbOptions& o) { return o.slotBytes - sizeof(Header); }

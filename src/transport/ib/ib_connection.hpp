@@ -132,6 +132,10 @@ class IbConnection : public Connection {
     IbConnection& c_;
   };
 
+  /// The constructor's work: the completion queue, the queue pairs, the slots. Throws.
+  void build(ibv_comp_channel* channel);
+  /// Frees what build() made (also after it threw halfway).
+  void release() noexcept;
   bool pollLocked() noexcept;
   /// Whether an operation waits on the peer (then its leaving fails the communicator).
   bool pendingLocked() const;
