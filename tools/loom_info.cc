@@ -36,7 +36,10 @@
 #include "loom/loom.hpp"
 #include "loom_config.h"
 #if LOOM_HAVE_IBVERBS
+#include "transport/ib/gpu_direct.hpp"
 #include "transport/ib/ib_device.hpp"
+#include "transport/ib/ib_select.hpp"
+#include "transport/ib/open_port.hpp"
 #include "transport/ib/verbs.hpp"
 #endif
 #include "net/interfaces.hpp"
@@ -107,6 +110,22 @@ void printRdmaDevices() {
   }
   std::printf("RDMA devices (%s):\n", loom::ib::verbsLibrary().c_str());
   for (const auto& p : ports) std::printf("  %s\n", p.describe().c_str());
+  // Device buffers over the port a rank of this process would open.
+  try {
+    auto port = loom::ib::OpenPort::open(*v, loom::ib::ibSettingsFromEnv(), loom::ib::callerLocality(0), &why);
+    if (!port) {
+      std::printf("GPUDirect RDMA: not looked for (%s)\n", why.c_str());
+      return;
+    }
+    const loom::ib::GpuDirectChoice g = loom::ib::chooseGpuDirect(port->context());
+    if (g.mode == loom::ib::GpuDirectMode::Off)
+      std::printf("GPUDirect RDMA: not used (%s); device send/recv is staged through host memory\n", g.why.c_str());
+    else
+      std::printf("GPUDirect RDMA on %s: through %s (%s); device send/recv moves in place\n", port->describe().c_str(),
+                  loom::ib::toString(g.mode), g.why.c_str());
+  } catch (const loom::Error& e) {
+    std::printf("GPUDirect RDMA: not looked for (%s)\n", e.what());
+  }
 #else
   std::printf("RDMA devices: not looked for (built without the verbs headers, libibverbs-dev)\n");
 #endif
@@ -120,7 +139,9 @@ void printInfo() {
   if (loom::device::DeviceRuntime* rt = loom::device::runtime()) {
     std::printf(
         "Device buffers: %d CUDA device(s); collectives among the ranks of one node through CUDA IPC (transport "
-        "cuda_ipc; several ranks may share a GPU), across nodes staged through pinned host memory; streams held by "
+        "cuda_ipc; several ranks may share a GPU), across nodes staged through pinned host memory (send/recv over ib "
+        "in "
+        "place where GPUDirect RDMA is: below); streams held by "
         "%s\n",
         rt->deviceCount(), rt->waitMechanism().c_str());
   } else {

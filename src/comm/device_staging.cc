@@ -238,6 +238,29 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
   std::string what = ops.size() == 1
                          ? strFormat("device %s rank %d", ops[0].send ? "send to" : "recv from", ops[0].peer)
                          : strFormat("device group of %zu sends and receives", ops.size());
+  // Where every peer's link takes device buffers (GPUDirect RDMA), they go to it as they are.
+  bool direct = true;
+  for (const auto& op : ops) direct = direct && op.peer != c.rank() && c.link(op.peer).deviceBuffers;
+  if (direct) {
+    auto inPlace = [&c, st, ops, dev, ready]() {
+      awaitInput(st->rt(), ready, dev, c, "the work queued on the stream before a device send/recv");
+      std::vector<RequestPtr> reqs(ops.size());
+      for (int pass = 0; pass < 2; ++pass)
+        for (size_t i = 0; i < ops.size(); ++i) {
+          const PointToPoint& op = ops[i];
+          if (op.send != (pass == 1)) continue;
+          reqs[i] = op.send ? c.isend(op.buf, op.count, op.type, op.peer, op.tag)
+                            : c.irecv(op.buf, op.count, op.type, op.peer, op.tag);
+        }
+      size_t received = 0;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        reqs[i]->wait();
+        if (!ops[i].send) received += reqs[i]->bytes();
+      }
+      return received;
+    };
+    return holdStream(*rt, st, stream, ready, [&] { return c.submitUnnumbered(what, inPlace); });
+  }
   auto body = [&c, st, ops, dev, ready]() {
     device::DeviceRuntime& rt = st->rt();
     awaitInput(rt, ready, dev, c, "the work queued on the stream before a device send/recv");

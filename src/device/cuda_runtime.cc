@@ -5,6 +5,7 @@
 // or driver refuses them.
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +32,9 @@ void check(cudaError_t e, const char* what) {
 
 using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+using PointerAttributeFn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+using DeviceAttributeFn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+using RangeHandleFn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
 
 // A driver function through the runtime (no libcuda link), or nullptr where the driver lacks it.
 void* driverFunction(const char* name, int version) {
@@ -224,6 +228,49 @@ class CudaRuntime final : public DeviceRuntime {
     std::memcpy(out.bytes, &h, sizeof(h));
     out.offset = reinterpret_cast<uintptr_t>(p) - static_cast<uintptr_t>(base);
     return out;
+  }
+  bool allocationOf(const void* p, DeviceAllocation* out) override {
+    static auto range = reinterpret_cast<AddressRangeFn>(driverFunction("cuMemGetAddressRange", 3020));
+    static auto attribute = reinterpret_cast<PointerAttributeFn>(driverFunction("cuPointerGetAttribute", 4000));
+    if (range == nullptr || attribute == nullptr) return false;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    unsigned long long id = 0;
+    const auto ptr = reinterpret_cast<CUdeviceptr>(p);
+    if (range(&base, &size, ptr) != CUDA_SUCCESS || attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CUDA_SUCCESS)
+      return false;
+    out->base = static_cast<uintptr_t>(base);
+    out->bytes = size;
+    out->id = id;
+    return true;
+  }
+  bool dmabufSupported(int device) override {
+    static auto attribute = reinterpret_cast<DeviceAttributeFn>(driverFunction("cuDeviceGetAttribute", 2000));
+    static auto handle = driverFunction("cuMemGetHandleForAddressRange", 11070);
+    int v = 0;
+    return attribute != nullptr && handle != nullptr &&
+           attribute(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, device) == CUDA_SUCCESS && v == 1;
+  }
+  int exportDmabuf(const void* p, size_t bytes, uint64_t* offset, std::string* why) override {
+    static auto handle = reinterpret_cast<RangeHandleFn>(driverFunction("cuMemGetHandleForAddressRange", 11070));
+    if (handle == nullptr) {
+      *why = "the CUDA driver has no cuMemGetHandleForAddressRange (it needs CUDA 11.7 or later)";
+      return -1;
+    }
+    // The driver exports whole host pages; device allocations are aligned far more coarsely.
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t start = a & ~(page - 1);
+    const size_t length = (a + bytes - start + page - 1) & ~(page - 1);
+    int fd = -1;
+    const CUresult r = handle(&fd, static_cast<CUdeviceptr>(start), length, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (r != CUDA_SUCCESS) {
+      *why = strFormat("cuMemGetHandleForAddressRange failed for %zu bytes at %p: CUresult %d", length,
+                       reinterpret_cast<void*>(start), static_cast<int>(r));
+      return -1;
+    }
+    *offset = a - start;
+    return fd;
   }
   void* ipcOpen(const IpcHandle& h) override {
     cudaIpcMemHandle_t handle{};

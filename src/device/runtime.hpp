@@ -20,6 +20,15 @@ namespace device {
 using StreamHandle = void*;
 using EventHandle = void*;
 
+/// The allocation that holds a device pointer: its range, and an id that no other allocation of
+/// the process has had (CUDA's buffer id), so that memory freed and allocated again at the same
+/// address is told apart from the old.
+struct DeviceAllocation {
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  uint64_t id = 0;
+};
+
 /// What another process needs to map a device allocation (CUDA IPC): the runtime's handle of the
 /// allocation (a cudaIpcMemHandle_t) and where the exported pointer lies in it.
 struct IpcHandle {
@@ -109,6 +118,29 @@ class DeviceRuntime {
   /// Lets kernels on the current device use memory of `peer` (another device) by its pointers, as
   /// ranks of one process on two GPUs do. Idempotent; throws where the devices cannot.
   virtual void enablePeerAccess(int peer) = 0;
+
+  // ---- GPUDirect RDMA: an RDMA adapter reading and writing device memory in place. ----
+  /// The allocation holding device pointer `p`; false where the runtime cannot say.
+  virtual bool allocationOf(const void* p, DeviceAllocation* out) {
+    (void)p;
+    (void)out;
+    return false;
+  }
+  /// Whether `device` can export its memory as dma-buf files (the kernel and driver allow it).
+  virtual bool dmabufSupported(int device) {
+    (void)device;
+    return false;
+  }
+  /// A dma-buf file descriptor for the device memory [p, p + bytes) (whole host pages), which the
+  /// caller closes once an adapter has imported it; *offset is where p lies in it. -1 with *why
+  /// set where the range cannot be exported.
+  virtual int exportDmabuf(const void* p, size_t bytes, uint64_t* offset, std::string* why) {
+    (void)p;
+    (void)bytes;
+    (void)offset;
+    *why = std::string(name()) + " cannot export device memory as a dma-buf";
+    return -1;
+  }
 };
 
 /// The runtime in use: a test's (setRuntimeForTesting), else CUDA's where Loom is built with CUDA

@@ -22,8 +22,11 @@ struct LinkProperties {
   bool readsInPlace = false;
   /// One-sided writes into a peer's registered memory (RDMA).
   bool oneSidedWrites = false;
-  /// Device (GPU) buffers move without staging through host memory.
+  /// Device (GPU) buffers of a collective are shared between the ranks in place (CUDA IPC).
   bool deviceMemory = false;
+  /// Point-to-point messages may be sent from and received into device buffers directly
+  /// (Connection::takesDeviceBuffers: GPUDirect RDMA at both ends); per link.
+  bool deviceBuffers = false;
   /// Buffers must be registered with the transport before they move.
   bool needsRegistration = false;
 

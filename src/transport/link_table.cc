@@ -70,6 +70,7 @@ void LinkTable::connect(TransportContext& ctx) {
       names_[p] = transports_[t]->name();
       transportTo_[p] = transports_[t].get();
       props_[p] = transports_[t]->properties();
+      props_[p].deviceBuffers = conns_[p]->takesDeviceBuffers();
     }
   }
   nodeLink_ = selfLinkProperties();

@@ -74,6 +74,9 @@ class Connection : public ProgressSource {
   /// request may release its buffers at once (a collective that fails on one link returns while
   /// its requests on others were in flight). Idempotent; any thread. Default: nothing to stop.
   virtual void quiesce(const Status& why) noexcept { (void)why; }
+  /// Whether isend and irecv may be given device (GPU) buffers, which the link then moves without
+  /// the CPU touching them (GPUDirect RDMA); set once the link is up. Default: host buffers only.
+  virtual bool takesDeviceBuffers() const { return false; }
   /// Fails every pending request with `status` and closes the link. Idempotent; any thread.
   virtual void failAll(const Status& status) noexcept = 0;
   /// One line for logs: transport, sockets, addresses.

@@ -105,6 +105,41 @@ void FakeDevice::free(void* p) {
   allocs_.erase(it);
 }
 
+bool FakeDevice::allocationOf(const void* p, loom::device::DeviceAllocation* out) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocs_.upper_bound(a);
+  if (it == allocs_.begin() || a >= std::prev(it)->first + std::prev(it)->second.bytes) return false;
+  --it;
+  out->base = it->first;
+  out->bytes = it->second.bytes;
+  out->id = it->second.serial;
+  return true;
+}
+
+int FakeDevice::exportDmabuf(const void* p, size_t bytes, uint64_t* offset, std::string* why) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocs_.upper_bound(a);
+  if (it == allocs_.begin() || a >= std::prev(it)->first + std::prev(it)->second.bytes) {
+    *why = "fake device: exportDmabuf of memory it did not allocate";
+    return -1;
+  }
+  --it;
+  if (a + bytes > it->first + it->second.bytes) {
+    *why = "fake device: exportDmabuf of a range past its allocation's end";
+    return -1;
+  }
+  const int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = std::string("fake device: dup: ") + std::strerror(errno);
+    return -1;
+  }
+  dmabufExports_++;
+  *offset = a - it->first;
+  return fd;
+}
+
 int FakeDevice::deviceOf(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mu_);
@@ -334,12 +369,14 @@ void FakeDevice::destroyEvent(loom::device::EventHandle e) noexcept {
 
 void FakeDevice::copyAsync(void* dst, const void* src, size_t bytes, loom::device::StreamHandle s) {
   if (bytes == 0) return;
+  copies_++;
   enqueue(s, [dst, src, bytes] { std::memmove(dst, src, bytes); });
 }
 
 void FakeDevice::copy2DAsync(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows,
                              loom::device::StreamHandle s) {
   if (width == 0 || rows == 0) return;
+  copies_++;
   enqueue(s, [=] {
     for (size_t r = 0; r < rows; ++r)
       std::memmove(static_cast<uint8_t*>(dst) + r * dstPitch, static_cast<const uint8_t*>(src) + r * srcPitch, width);

@@ -45,6 +45,12 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   /// Buffers exported for CUDA IPC, and n-input reductions queued (the IPC path's; staging reduces on the host).
   int ipcExports() const { return exports_.load(); }
   int reductions() const { return reductions_.load(); }
+  /// Copies queued (copyAsync, copy2DAsync): staging through host memory makes them.
+  int copies() const { return copies_.load(); }
+  /// dma-buf files handed out by exportDmabuf.
+  int dmabufExports() const { return dmabufExports_.load(); }
+  /// What dmabufSupported says (true: as on a GPU and kernel that export dma-bufs).
+  bool dmabuf = true;
   /// Breaks of two rules that CUDA enforces by hanging, which this device only counts: a kernel
   /// launched before prepare() (CUDA loads kernels lazily, and the load waits for held streams),
   /// and device or pinned memory freed through the runtime while a stream is held, that stayed held
@@ -88,6 +94,11 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   void* ipcOpen(const loom::device::IpcHandle& h) override;
   void ipcClose(void* base) noexcept override;
   void enablePeerAccess(int) override {}
+  /// Allocations are told apart by a serial number, as CUDA's by their buffer ids.
+  bool allocationOf(const void* p, loom::device::DeviceAllocation* out) override;
+  bool dmabufSupported(int) override { return dmabuf; }
+  /// A duplicate of the allocation's memfd: what a real driver's dma-buf is to an adapter.
+  int exportDmabuf(const void* p, size_t bytes, uint64_t* offset, std::string* why) override;
 
  private:
   struct Stream {
@@ -109,7 +120,7 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   std::mutex mu_;
   std::map<uintptr_t, Alloc> allocs_;  // start -> allocation
   std::map<void*, size_t> opened_;     // ipcOpen mappings -> bytes
-  std::atomic<int> opens_{0}, closes_{0}, exports_{0}, reductions_{0};
+  std::atomic<int> opens_{0}, closes_{0}, exports_{0}, reductions_{0}, copies_{0}, dmabufExports_{0};
   std::map<void*, std::shared_ptr<std::atomic<bool>>> events_;
   std::unique_ptr<Stream> default_;
   std::vector<std::unique_ptr<Stream>> streams_;

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/env_guard.hpp"
+#include "common/fake_device.hpp"
 #include "transport/ib/ib_device.hpp"
 #include "transport/ib/verbs.hpp"
 #include "verbs_provider/counters.h"
@@ -260,6 +262,92 @@ TEST(VerbsProvider, MemoryRegionsNeedMappedMemoryAndConsistentAccess) {
   ASSERT_NE(m, nullptr);
   EXPECT_NE(m->lkey, m->rkey);
   EXPECT_EQ(V().deallocPd(d.pd), EBUSY) << "a domain with a region in it";
+}
+
+// The emulated device's memory: by pointer only where a peer-memory module would lend its pages
+// (EFAULT otherwise, as a real adapter's), and through the dma-buf the device exports, at an I/O
+// address of the caller's choosing that RDMA then names, landing where the file and offset say.
+TEST(VerbsProvider, DeviceMemoryOnlyThroughItsDmabufOrAPeerMemoryModule) {
+  Device d;
+  loomtest::FakeDevice dev;
+  constexpr size_t kBytes = 5 * 4096;
+  auto* mem = static_cast<uint8_t*>(dev.alloc(kBytes));
+  errno = 0;
+  EXPECT_EQ(d.reg(mem, kBytes, kAllAccess), nullptr) << "device memory by pointer, with no peer-memory module";
+  EXPECT_EQ(errno, EFAULT);
+  const auto before = counters();
+  {
+    loomtest::EnvGuard module("LOOM_TEST_VERBS_PEERMEM", "1");
+    EXPECT_NE(d.reg(mem + 100, 1000, kAllAccess), nullptr);
+  }
+  EXPECT_EQ(counters().device_registrations - before.device_registrations, 1u);
+
+  ASSERT_NE(V().regDmabufMr, nullptr) << "the provider exports ibv_reg_dmabuf_mr";
+  errno = 0;
+  EXPECT_EQ(V().regDmabufMr(d.pd, 0, 4096, 0, -1, kAllAccess), nullptr);
+  EXPECT_EQ(errno, EBADF) << "no file: the answer of a provider that imports dma-bufs";
+  uint64_t offset = 0;
+  std::string why;
+  const int fd = dev.exportDmabuf(mem + 4096, 3 * 4096, &offset, &why);
+  ASSERT_GE(fd, 0) << why;
+  EXPECT_EQ(offset, 4096u);
+  EXPECT_EQ(V().regDmabufMr(d.pd, offset, kBytes, 0x10000000, fd, kAllAccess), nullptr) << "past the file's end";
+  int pipes[2];
+  ASSERT_EQ(pipe(pipes), 0);
+  EXPECT_EQ(V().regDmabufMr(d.pd, 0, 4096, 0x10000000, pipes[0], kAllAccess), nullptr) << "not a device's buffer";
+  close(pipes[0]);
+  close(pipes[1]);
+  const uint64_t iova = 0x10000000;
+  ibv_mr* m = V().regDmabufMr(d.pd, offset, 3 * 4096, iova, fd, kAllAccess);
+  close(fd);  // the region keeps the buffer
+  ASSERT_NE(m, nullptr) << std::strerror(errno);
+  d.mrs.push_back(m);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(m->addr), iova);
+  EXPECT_EQ(counters().dmabuf_registrations - before.dmabuf_registrations, 1u);
+
+  ibv_qp* a = d.qp();
+  ibv_qp* b = d.qp();
+  connect(a, b, d.lid());
+  std::vector<uint8_t> src(5000), back(5000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 11 + 3);
+  ibv_mr* ms = d.reg(src.data(), src.size(), kAllAccess);
+  ibv_mr* mb = d.reg(back.data(), back.size(), kAllAccess);
+  // Written at I/O address iova + 10: byte 10 of the exported range, 4096 + 10 into the allocation.
+  ASSERT_EQ(postSend(a, IBV_WR_RDMA_WRITE, src.data(), 5000, ms->lkey, 1, iova + 10, m->rkey), 0);
+  auto wc = poll(d.cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS) << V().wcStatusStr(wc[0].status);
+  EXPECT_EQ(std::memcmp(mem + 4096 + 10, src.data(), 5000), 0);
+  // Read back by RDMA, and used as a local source (lkey) of a write into host memory.
+  ASSERT_EQ(postSend(a, IBV_WR_RDMA_READ, back.data(), 5000, mb->lkey, 2, iova + 10, m->rkey), 0);
+  wc = poll(d.cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(back, src);
+  std::fill(back.begin(), back.end(), 0);
+  ibv_sge sge{iova + 10, 5000, m->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = 3;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(back.data());
+  wr.wr.rdma.rkey = mb->rkey;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(a, &wr, &bad), 0);
+  wc = poll(d.cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(back, src);
+  // Past the region's end (the range exported, not the allocation): a remote access error.
+  ASSERT_EQ(postSend(a, IBV_WR_RDMA_WRITE, src.data(), 100, ms->lkey, 4, iova + 3 * 4096 - 50, m->rkey), 0);
+  wc = poll(d.cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+  for (auto* mr : d.mrs) V().deregMr(mr);  // before the device frees its memory
+  d.mrs.clear();
+  dev.free(mem);
 }
 
 TEST(VerbsProvider, QueuePairStateMachineWantsTheAttributesARealOneWants) {

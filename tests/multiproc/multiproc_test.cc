@@ -718,6 +718,23 @@ TEST(IbRealDevice, CollectivesOverTheMachinesAdapter) {
 // The same run through the tests' verbs provider, so that the test above is known to work.
 TEST_F(IbProcesses, CollectivesThroughTheProvider) { runCollectives(3, env_, {": ib over "}); }
 
+// GPUDirect RDMA between processes, on the emulated device: device send/recv of every size goes
+// from device memory to device memory by RDMA (registered as dma-bufs, once), with no copy
+// through host memory; the collectives matrix on device buffers over ib (staged) after it.
+TEST_F(IbProcesses, DeviceBuffersMoveByGpuDirectRdma) {
+  for (int n : {2, 3}) {
+    std::string out;
+    const int rc = finish(
+        start({path("LOOMRUN"), "-n", std::to_string(n), path("LOOM_DEVICE_WORKER"), "fake", "ib"}, env_), 240, &out);
+    EXPECT_EQ(rc, 0) << out;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_NE(out.find("rank " + std::to_string(r) + ": device worker ok"), std::string::npos) << out;
+      EXPECT_NE(out.find("rank " + std::to_string(r) + ": device send/recv by GPUDirect RDMA"), std::string::npos)
+          << out;
+    }
+  }
+}
+
 // A rank killed in the middle of an all-reduce over ib: every survivor fails within seconds,
 // through the side channel (its queue pairs alone would wait out their retries, about 30 s).
 TEST_F(IbProcesses, SigkillIsNamedWithinSeconds) { run(2, "", {"rank 2"}); }

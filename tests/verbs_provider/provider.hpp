@@ -49,6 +49,11 @@ struct Pd {
 struct Mr {
   ibv_mr mr;
   int access = 0;
+  // A dma-buf region (ibv_reg_dmabuf_mr): mr.addr is its I/O virtual address, not this process's;
+  // the adapter reaches the bytes through the buffer's own mapping, view.
+  uint8_t* view = nullptr;
+  void* mapBase = nullptr;  // what munmap takes
+  size_t mapBytes = 0;
 };
 
 struct Channel {
@@ -143,6 +148,15 @@ void pushCompletion(Cq* cq, const ibv_wc& wc);
 /// Looks up a memory region of `pd`'s context by key: local (lkey) or remote (rkey). Null when no
 /// region has the key.
 Mr* findMr(Context* ctx, uint32_t key, bool remote);
+/// Gives `m` its keys and makes it findable; removeMr undoes it.
+void addMr(Mr* m);
+void removeMr(Mr* m);
+/// Where the adapter reaches address `addr` of region `m` (inside it): the address itself, or for
+/// a dma-buf region the same byte in the buffer's mapping.
+uint8_t* hostAddress(const Mr* m, uint64_t addr);
+/// hostAddress through the region named by `key` (an lkey, or an rkey when `remote`); the address
+/// itself where no region has the key (the checks before a DMA have refused that already).
+uint8_t* hostAddress(Context* ctx, uint32_t key, bool remote, uint64_t addr);
 /// Moves `qp` to the error state: its posted work completes with IBV_WC_WR_FLUSH_ERR, and an
 /// asynchronous QP_FATAL (or `event`) is posted when `notify`.
 void toError(Qp* qp, bool notify, ibv_event_type event = IBV_EVENT_QP_FATAL);
@@ -170,7 +184,9 @@ struct Counters {
   std::atomic<uint64_t> remoteAccessErrors{0};
   std::atomic<uint64_t> registrations{0};  // ibv_reg_mr calls that succeeded
   std::atomic<uint64_t> deregistrations{0};
-  std::atomic<uint64_t> unmappedAccesses{0};  // DMA into or out of memory no longer mapped
+  std::atomic<uint64_t> unmappedAccesses{0};     // DMA into or out of memory no longer mapped
+  std::atomic<uint64_t> dmabufRegistrations{0};  // the emulated device's memory, by its dma-buf
+  std::atomic<uint64_t> deviceRegistrations{0};  // the emulated device's memory, by its pointer
   // The span RDMA WRITEs read from and wrote into ([begin, end); begin ~0 before the first).
   std::atomic<uint64_t> writeSourceBegin{~0ULL}, writeSourceEnd{0};
   std::atomic<uint64_t> writeTargetBegin{~0ULL}, writeTargetEnd{0};

@@ -17,8 +17,6 @@
 #include "counters.h"
 #include "provider.hpp"
 
-#undef ibv_reg_mr
-
 namespace vp {
 namespace {
 
@@ -58,15 +56,6 @@ uint32_t allocateQpn() {
   flock(lock, LOCK_UN);
   close(lock);
   return next & 0xffffffu;
-}
-
-bool mapped(const void* addr, size_t length) {
-  if (length == 0) return true;
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t a = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
-  std::vector<unsigned char> v((end - a + page - 1) / page);
-  return mincore(reinterpret_cast<void*>(a), end - a, v.data()) == 0;
 }
 
 Context* contextOf(ibv_context* c) { return reinterpret_cast<Context*>(c); }
@@ -127,6 +116,25 @@ Mr* findMr(Context* ctx, uint32_t key, bool remote) {
   auto it = m.find(key);
   if (it == m.end() || it->second->mr.context != &ctx->ctx) return nullptr;
   return it->second;
+}
+
+void addMr(Mr* m) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.nextKey += 0x100;
+  m->mr.lkey = r.nextKey | 0x11;
+  m->mr.rkey = r.nextKey | 0x22;
+  r.lkeys[m->mr.lkey] = m;
+  r.rkeys[m->mr.rkey] = m;
+  r.pdUsers[reinterpret_cast<Pd*>(m->mr.pd)]++;
+}
+
+void removeMr(Mr* m) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.lkeys.erase(m->mr.lkey);
+  r.rkeys.erase(m->mr.rkey);
+  r.pdUsers[reinterpret_cast<Pd*>(m->mr.pd)]--;
 }
 
 void pushCompletion(Cq* cq, const ibv_wc& wc) {
@@ -236,53 +244,6 @@ int ibv_dealloc_pd(ibv_pd* pd) {
   if (r.pdUsers[p] > 0) return EBUSY;
   r.pdUsers.erase(p);
   delete p;
-  return 0;
-}
-
-ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
-  const int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
-  // Remote write (and atomics) into memory the adapter may not write locally is refused.
-  if ((access & ~known) != 0 || ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0 &&
-                                 (access & IBV_ACCESS_LOCAL_WRITE) == 0)) {
-    errno = EINVAL;
-    return nullptr;
-  }
-  if (addr == nullptr || length == 0 || !mapped(addr, length)) {
-    errno = addr == nullptr || length == 0 ? EINVAL : EFAULT;
-    return nullptr;
-  }
-  auto* m = new Mr();
-  m->mr.context = pd->context;
-  m->mr.pd = pd;
-  m->mr.addr = addr;
-  m->mr.length = length;
-  m->access = access;
-  Registry& r = registry();
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.nextKey += 0x100;
-    m->mr.lkey = r.nextKey | 0x11;
-    m->mr.rkey = r.nextKey | 0x22;
-    r.lkeys[m->mr.lkey] = m;
-    r.rkeys[m->mr.rkey] = m;
-    r.pdUsers[reinterpret_cast<Pd*>(pd)]++;
-  }
-  counters().registrations++;
-  return &m->mr;
-}
-
-int ibv_dereg_mr(ibv_mr* mr) {
-  auto* m = reinterpret_cast<Mr*>(mr);
-  Registry& r = registry();
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.lkeys.erase(mr->lkey);
-    r.rkeys.erase(mr->rkey);
-    r.pdUsers[reinterpret_cast<Pd*>(mr->pd)]--;
-  }
-  counters().deregistrations++;
-  delete m;
   return 0;
 }
 
@@ -577,7 +538,7 @@ const char* ibv_event_type_str(ibv_event_type type) {
 }
 
 const LoomTestVerbsCounters* loom_test_verbs_counters(void) {
-  static LoomTestVerbsCounters snapshot;
+  static thread_local LoomTestVerbsCounters snapshot;  // one per thread: ranks in threads ask at once
   Counters& c = counters();
   snapshot.send_bytes = c.sendBytes;
   snapshot.write_bytes = c.writeBytes;
@@ -589,6 +550,8 @@ const LoomTestVerbsCounters* loom_test_verbs_counters(void) {
   snapshot.registrations = c.registrations;
   snapshot.deregistrations = c.deregistrations;
   snapshot.unmapped_accesses = c.unmappedAccesses;
+  snapshot.dmabuf_registrations = c.dmabufRegistrations;
+  snapshot.device_registrations = c.deviceRegistrations;
   const bool wrote = c.writeSourceEnd != 0, landed = c.writeTargetEnd != 0;
   snapshot.write_source_begin = wrote ? c.writeSourceBegin.load() : 0;
   snapshot.write_source_end = c.writeSourceEnd;
@@ -599,9 +562,9 @@ const LoomTestVerbsCounters* loom_test_verbs_counters(void) {
 
 void loom_test_verbs_reset_counters(void) {
   Counters& c = counters();
-  for (auto* a :
-       {&c.sendBytes, &c.writeBytes, &c.readBytes, &c.writeWithImm, &c.sends, &c.rnrNaks, &c.remoteAccessErrors,
-        &c.registrations, &c.deregistrations, &c.unmappedAccesses, &c.writeSourceEnd, &c.writeTargetEnd})
+  for (auto* a : {&c.sendBytes, &c.writeBytes, &c.readBytes, &c.writeWithImm, &c.sends, &c.rnrNaks,
+                  &c.remoteAccessErrors, &c.registrations, &c.deregistrations, &c.unmappedAccesses, &c.writeSourceEnd,
+                  &c.writeTargetEnd, &c.dmabufRegistrations, &c.deviceRegistrations})
     a->store(0);
   c.writeSourceBegin = ~0ULL;
   c.writeTargetBegin = ~0ULL;

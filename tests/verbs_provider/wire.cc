@@ -353,7 +353,7 @@ class Wire {
     for (const auto& s : w.sges) {
       if (done == n) break;
       const uint64_t k = std::min<uint64_t>(s.length, n - done);
-      dma(reinterpret_cast<void*>(s.addr), data + done, k, true);
+      dma(hostAddress(q->owner, s.lkey, false, s.addr), data + done, k, true);
       done += k;
     }
     return true;
@@ -372,9 +372,9 @@ class Wire {
   }
 
   // Answers an RDMA READ with the bytes it asked for (checked against the region already).
-  void readResponse(Conn* c, const Packet& p) {
+  void readResponse(Conn* c, Qp* q, const Packet& p) {
     std::vector<uint8_t> bytes(p.length);
-    dma(bytes.data(), reinterpret_cast<const void*>(p.raddr), p.length, false);
+    if (p.length > 0) dma(bytes.data(), hostAddress(q->owner, p.rkey, true, p.raddr), p.length, false);
     reply(c, p, kReadResponse, kRnr, bytes.data(), bytes.size());
   }
 
@@ -393,7 +393,7 @@ class Wire {
     if (q->lastSeq != 0 && p.seq <= q->lastSeq) {
       if (p.seq < q->lastSeq) return;
       if (q->lastAnswer == kReadResponse)
-        readResponse(c, p);
+        readResponse(c, q, p);
       else
         reply(c, p, kAck, kRnr);
       return;
@@ -426,10 +426,10 @@ class Wire {
       }
       if (!write) {
         done(kReadResponse);
-        readResponse(c, p);
+        readResponse(c, q, p);
         return;
       }
-      if (p.length > 0) dma(reinterpret_cast<void*>(p.raddr), payload, p.length, true);
+      if (p.length > 0) dma(hostAddress(mr, p.raddr), payload, p.length, true);
       counters().writeBytes += p.length;
       if (p.length > 0) Counters::widen(counters().writeTargetBegin, counters().writeTargetEnd, p.raddr, p.length);
       if (op == IBV_WR_RDMA_WRITE) {
@@ -537,7 +537,7 @@ class Wire {
         if (q->sendQueue.empty() || q->qp.state == IBV_QPS_ERR) return;
         for (const auto& g : q->sendQueue.front().sges) {
           const uint64_t k = std::min<uint64_t>(g.length, a.payload - done);
-          dma(reinterpret_cast<void*>(g.addr), payload + done, k, true);
+          dma(hostAddress(q->owner, g.lkey, false, g.addr), payload + done, k, true);
           done += k;
         }
       }
@@ -619,7 +619,7 @@ class Wire {
             if ((w.flags & IBV_SEND_INLINE) != 0)
               std::memcpy(payload.data() + at, w.inlineData.data() + at, g.length);
             else
-              dma(payload.data() + at, reinterpret_cast<const void*>(g.addr), g.length, false);
+              dma(payload.data() + at, hostAddress(q->owner, g.lkey, false, g.addr), g.length, false);
           }
         }
       }

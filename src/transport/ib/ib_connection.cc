@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/format.hpp"
+#include "device/runtime.hpp"
 #include "transport/ib/ib_protocol.hpp"
 
 namespace loom {
@@ -81,6 +82,8 @@ IbConnection::~IbConnection() {
 
 void IbConnection::release() noexcept {
   const Verbs& v = *pc_.verbs;
+  if (copyStream_ != nullptr && device::runtime() != nullptr) device::runtime()->destroyStream(copyStream_);
+  copyStream_ = nullptr;
   qps_.clear();  // before their completion queue
   if (cq_ != nullptr) v.destroyCq(cq_);
   if (recvMr_ != nullptr) v.deregMr(recvMr_);

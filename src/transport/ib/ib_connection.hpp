@@ -15,6 +15,12 @@
 // refuses an announced message (another call's signature, too small) answers NACK, and the send
 // fails with the same reason. Matching is per tag in arrival order (the shared TagMatcher).
 //
+// Device buffers (where both ranks have GPUDirect RDMA: gpu_direct.hpp) take the same path, their
+// allocations registered with the adapter instead of host pages; a message from a device buffer is
+// always announced, whatever its size, so that no CPU copy reads device memory. An eager message
+// that meets a receive into device memory (its sender used host memory) is copied in by the device
+// runtime.
+//
 // Flow control. A SEND, or an RDMA write with immediate data, consumes a posted receive of the
 // queue pair it arrives on: a sender spends a credit per queue pair for each and never goes
 // below zero, so the adapter never meets a receiver that is not ready. The receiver reposts each
@@ -50,6 +56,7 @@
 
 #include "core/progress_engine.hpp"
 #include "net/socket.hpp"
+#include "transport/ib/gpu_direct.hpp"
 #include "transport/ib/queue_pair.hpp"
 #include "transport/matching.hpp"
 #include "transport/registration_cache.hpp"
@@ -98,6 +105,10 @@ class IbConnection : public Connection {
   /// Where the transport tells what the adapter said about this link so far ("" if nothing): a
   /// link whose work was flushed, or whose posting was refused, asks it for the cause.
   void setAdapterReason(std::function<std::string()> reason) { adapterReason_ = std::move(reason); }
+  /// Lets isend and irecv take device buffers, registered through `regs` (which outlives this):
+  /// both ranks have GPUDirect RDMA. Called before the link carries anything.
+  void takeDeviceBuffers(DeviceRegistrations* regs) { deviceRegs_ = regs; }
+  bool takesDeviceBuffers() const override { return deviceRegs_ != nullptr; }
   /// Whether `qp` is one of this link's queue pairs; `cq` its completion queue.
   bool owns(const ibv_qp* qp) const;
   bool owns(const ibv_cq* cq) const { return cq == cq_; }
@@ -132,6 +143,12 @@ class IbConnection : public Connection {
     IbConnection& c_;
   };
 
+  /// Whether `p` is device memory this link moves in place.
+  bool onDevice(const void* p) const;
+  /// A registration of [p, p + bytes): of device memory (`device`) or of host memory.
+  Registration acquire(const void* p, size_t bytes, bool device, Status* error);
+  /// Copies an eager payload into device memory, through the device runtime.
+  Status copyToDevice(void* dst, const void* src, size_t bytes) noexcept;
   /// The constructor's work: the completion queue, the queue pairs, the slots. Throws.
   void build(ibv_comp_channel* channel);
   /// Frees what build() made (also after it threw halfway).
@@ -187,6 +204,8 @@ class IbConnection : public Connection {
   const int rank_, peer_;
   const PortContext& pc_;
   RegistrationCache& cache_;
+  DeviceRegistrations* deviceRegs_ = nullptr;
+  void* copyStream_ = nullptr;  // copyToDevice's stream, made at its first use
   const std::shared_ptr<FailureState> failure_;
   const IbOptions options_;
   const std::string description_;

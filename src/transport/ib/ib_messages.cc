@@ -89,7 +89,12 @@ void IbConnection::deliverEagerLocked(const std::shared_ptr<RecvOp>& op, const H
                                       const uint8_t* payload) noexcept {
   if (!signaturesAgree(op->sig, h.sig)) return op->req->fail(signatureMismatch(peer_, h.sig, rank_, op->sig));
   if (h.bytes > op->capacity) return op->req->fail(truncationError(peer_, h.tag, h.bytes, op->capacity));
-  if (h.bytes > 0) std::memcpy(op->buf, payload, h.bytes);
+  if (h.bytes > 0 && onDevice(op->buf)) {
+    const Status copied = copyToDevice(op->buf, payload, h.bytes);
+    if (!copied.ok) return op->req->fail(copied);
+  } else if (h.bytes > 0) {
+    std::memcpy(op->buf, payload, h.bytes);
+  }
   op->req->complete(h.bytes);
 }
 
@@ -105,7 +110,7 @@ void IbConnection::startLargeLocked(const std::shared_ptr<RecvOp>& op, const Hea
   if (!signaturesAgree(op->sig, h.sig)) return refuse(signatureMismatch(peer_, h.sig, rank_, op->sig), op->sig);
   if (h.bytes > op->capacity) return refuse(truncationError(peer_, h.tag, h.bytes, op->capacity), 0);
   Status err;
-  op->reg = cache_.acquire(op->buf, h.bytes, &err);
+  op->reg = acquire(op->buf, h.bytes, onDevice(op->buf), &err);
   if (!op->reg) {
     op->req->fail(err);
     failLocked(linkError("registering a receive buffer", err.message));
@@ -284,7 +289,9 @@ void IbConnection::isend(const RequestPtr& req, const SendSpec& spec) noexcept {
   o.h.seq = seq;
   o.h.bytes = spec.bytes;
   o.h.sig = spec.signature;
-  if (spec.bytes <= eagerBytes()) {
+  // From device memory, even a small message is written in place: no CPU copy reads it.
+  const bool device = spec.bytes > 0 && onDevice(spec.buf);
+  if (spec.bytes <= eagerBytes() && !device) {
     // Copied into the message now: the buffer is the caller's again at once.
     o.h.type = static_cast<uint8_t>(Msg::Eager);
     const auto* b = static_cast<const uint8_t*>(spec.buf);
@@ -299,8 +306,13 @@ void IbConnection::isend(const RequestPtr& req, const SendSpec& spec) noexcept {
   }
   auto op = std::make_shared<SendOp>();
   Status err;
-  op->reg = cache_.acquire(spec.buf, spec.bytes, &err);
-  if (!op->reg) return req->fail(err);
+  op->reg = acquire(spec.buf, spec.bytes, device, &err);
+  if (!op->reg) {
+    return req->fail(Status::error(
+        err.code,
+        strFormat("the send of %zu bytes to rank %d (tag %u): %s", spec.bytes, peer_, spec.tag, err.message.c_str()),
+        peer_));
+  }
   op->req = req;
   op->buf = static_cast<const uint8_t*>(spec.buf);
   op->bytes = spec.bytes;

@@ -20,6 +20,8 @@ namespace {
 LOOM_PARAM_INT(latencyParam, "LOOM_IB_LATENCY_US", 3, "one-way latency (us) the cost model assumes for ib links");
 
 constexpr const char* kGaveUp = "error: ";
+// Appended to a link's queue pair addresses by a rank that has GPUDirect RDMA.
+constexpr const char* kGpuDirect = "|gpu";
 
 }  // namespace
 
@@ -67,6 +69,14 @@ IbTransport::~IbTransport() {
           100.0 * static_cast<double>(s.hits) / static_cast<double>(s.hits + s.misses),
           static_cast<unsigned long long>(s.invalidations));
   }
+  if (deviceRegs_) {
+    const RegistrationStats s = deviceRegs_->stats();
+    if (s.hits + s.misses > 0)
+      LOOM_INFO("ib: device memory: %llu allocation(s) registered (%s), %llu use(s) of a registration made before",
+                static_cast<unsigned long long>(s.misses), toString(gpuDirect_.mode),
+                static_cast<unsigned long long>(s.hits));
+  }
+  deviceRegs_.reset();
   cache_.reset();
   if (channel_ != nullptr) port_->context().verbs->destroyCompChannel(channel_);
 }
@@ -126,6 +136,15 @@ void IbTransport::publish(TransportContext& ctx) {
   ctx.engine->add(device->async_fd, asyncWatch_.get(), EPOLLIN);
   cache_ = std::make_unique<RegistrationCache>(static_cast<Registrar&>(*this), RegistrationCache::Limits::fromEnv(),
                                                MemoryMonitor::get());
+  gpuDirect_ = chooseGpuDirect(port_->context());
+  if (gpuDirect_.mode != GpuDirectMode::Off) {
+    deviceRegs_ = std::make_unique<DeviceRegistrations>(port_->context(), gpuDirect_.mode,
+                                                        RegistrationCache::Limits::fromEnv().maxEntries);
+  }
+  LOOM_INFO("ib: GPUDirect RDMA %s: %s", gpuDirect_.mode == GpuDirectMode::Off ? "not used" : "through",
+            gpuDirect_.mode == GpuDirectMode::Off
+                ? gpuDirect_.why.c_str()
+                : strFormat("%s (%s)", toString(gpuDirect_.mode), gpuDirect_.why.c_str()).c_str());
   const std::string& gpu = where.gpuPciPath;
   LOOM_INFO("ib: rank %d uses %s%s%s", ctx.rank, port_->describe().c_str(), gpu.empty() ? "" : ", for its GPU at ",
             gpu.empty() ? "" : gpu.substr(gpu.rfind('/') + 1).c_str());
@@ -200,13 +219,18 @@ std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ct
         rank, p, port_->describe().c_str(), options.qps, bytesText(IbConnection::eagerLimit(options)).c_str());
     auto c = std::make_unique<IbConnection>(rank, p, port_->context(), channel_, *cache_, ctx.failure, options, desc);
     c->setAdapterReason([this, link = c.get()] { return adapterReason(*link); });
-    ctx.store->setString(strFormat("ib/%d/%d", rank, p), c->addresses());
+    ctx.store->setString(strFormat("ib/%d/%d", rank, p), c->addresses() + (deviceRegs_ ? kGpuDirect : ""));
     mine.push_back(c.get());
     out.push_back(std::move(c));
   }
   for (size_t i = 0; i < peers.size(); ++i) {
     const int p = peers[i];
-    mine[i]->connect(awaitFromPeer(ctx, strFormat("ib/%d/%d", p, rank), p, "publish its ib queue pairs"));
+    std::string theirs = awaitFromPeer(ctx, strFormat("ib/%d/%d", p, rank), p, "publish its ib queue pairs");
+    const size_t flag = theirs.find(kGpuDirect);
+    const bool peerGpuDirect = flag != std::string::npos;
+    if (peerGpuDirect) theirs.resize(flag);
+    mine[i]->connect(theirs);
+    if (peerGpuDirect && deviceRegs_) mine[i]->takeDeviceBuffers(deviceRegs_.get());
     ctx.store->setString(strFormat("ibok/%d/%d", rank, p), "ok");
   }
   for (int p : peers) awaitFromPeer(ctx, strFormat("ibok/%d/%d", p, rank), p, "bring its ib queue pairs up");

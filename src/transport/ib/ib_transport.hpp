@@ -13,6 +13,9 @@
 // writes "error: <why>" under ib/<rank>, and its peers fail at once with that reason, not at the
 // deadline.
 //
+// Device buffers: where this rank has GPUDirect RDMA (gpu_direct.hpp), its queue pairs' addresses
+// say so, and a link whose two ranks both have it takes device buffers for send/recv.
+//
 // Where libibverbs is missing, lists no device, or no port is usable, the transport reaches no peer
 // and says why (LOOM_DEBUG=INFO, and in the error when it was the only one allowed).
 #pragma once
@@ -22,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/ib/gpu_direct.hpp"
 #include "transport/ib/ib_connection.hpp"
 #include "transport/ib/open_port.hpp"
 #include "transport/ib/side_channel.hpp"
@@ -73,6 +77,8 @@ class IbTransport : public Transport, private Registrar {
   std::vector<ibv_async_event> stash_;  // read, not yet handed to the links
   SideChannels side_;
   std::unique_ptr<RegistrationCache> cache_;
+  GpuDirectChoice gpuDirect_;
+  std::unique_ptr<DeviceRegistrations> deviceRegs_;  // where gpuDirect_ is on
   std::mutex connsMu_;  // conns_: set up by connect(), read by the engine thread's async events
   std::vector<IbConnection*> conns_;
 };

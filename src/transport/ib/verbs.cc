@@ -74,6 +74,7 @@ Loaded load() {
   }
   std::string optional;
   bind(lib, "_ibv_query_gid_ex", v.queryGidEx, &optional);
+  bind(lib, "ibv_reg_dmabuf_mr", v.regDmabufMr, &optional);
   l.ok = true;
   return l;
 }

@@ -28,6 +28,8 @@ struct Verbs {
   ibv_pd* (*allocPd)(ibv_context* context);
   int (*deallocPd)(ibv_pd* pd);
   ibv_mr* (*regMr)(ibv_pd* pd, void* addr, size_t length, int access);
+  /// Optional (rdma-core 34 and later): registers a dma-buf (GPUDirect RDMA). Null where absent.
+  ibv_mr* (*regDmabufMr)(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access);
   int (*deregMr)(ibv_mr* mr);
   ibv_comp_channel* (*createCompChannel)(ibv_context* context);
   int (*destroyCompChannel)(ibv_comp_channel* channel);
