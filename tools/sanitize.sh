@@ -45,14 +45,14 @@ fi
 if [ "$kind" = address ]; then
   inproc='*P2P*:Shm.*:Links/*:Store.*:CApi.*:Communicator.*:Collectives.*:Shm/SmallMatrix.*/3ranks*:Tcp/SmallMatrix.*/3ranks*'
   inproc+=':Mixed/SmallMatrix.*/5ranks*:Shm/LargeCounts.*/3ranks_ring:MixedEven/*:Nodes*:DeviceStaged.*:Paths/DevicePath.*'
-  inproc+=':Shm/SmallMatrix.*/5ranks_hd*:Shm/LargeCounts.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*'
+  inproc+=':Shm/SmallMatrix.*/5ranks_hd*:Shm/LargeCounts.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*:*AnySource*:MonitoredBarrier.*'
   inproc+=':-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
   multiproc='Faults.*:SharedMemory.*:Loomrun.*:CudaIpc.*:IbProcesses.*'
 else
   inproc='*P2P*:Links/Mismatch*:Links/HangReport*:Communicator.*:Collectives.SeveralInFlight*:Collectives.BadArguments*'
   inproc+=':Tcp/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/4ranks_direct*:Links/Soak.*/4ranks_shm'
   inproc+=':Soak.TwoCommunicators*:GradSync.*:Ranks/DataParallel.*:DeviceStaged.*:Paths/DevicePath.*:Links/DeviceMatrix.*/3ranks*'
-  inproc+=':Shm/SmallMatrix.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*:-*LargeBothDirections*'
+  inproc+=':Shm/SmallMatrix.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*:*AnySource*:-*LargeBothDirections*'
   multiproc='Faults.RecoveryExample*:SharedMemory.SigkillInMid*:IbProcesses.*'
 fi
 status=0

@@ -215,9 +215,20 @@ loomResult_t loomBarrier(loomComm_t comm, loomStream_t stream);
 loomResult_t loomSend(const void* sendbuff, size_t count, loomDataType_t datatype, int peer, loomComm_t comm,
                       loomStream_t stream);
 
-/** Receives count elements from peer. A larger incoming message is an error, never a truncation. */
+/** The peer of a receive from any rank (this one included): the earliest message from whichever
+ * rank, in arrival order (each rank's in the order it sent them). Host buffers only. */
+#define LOOM_ANY_SOURCE (-1)
+
+/** Receives count elements from peer (or LOOM_ANY_SOURCE). A larger incoming message is an error,
+ * never a truncation. */
 loomResult_t loomRecv(void* recvbuff, size_t count, loomDataType_t datatype, int peer, loomComm_t comm,
                       loomStream_t stream);
+
+/** Receives up to count elements from any rank into host memory, as loomRecv with LOOM_ANY_SOURCE,
+ * and says who sent them (*source) and how many elements came (*received; either may be NULL).
+ * Not inside a group. */
+loomResult_t loomRecvAny(void* recvbuff, size_t count, loomDataType_t datatype, loomComm_t comm, int* source,
+                         size_t* received);
 
 /** Starts recording loomSend/loomRecv calls on this thread; groups nest. */
 loomResult_t loomGroupStart(void);

@@ -194,13 +194,17 @@ class Request;
 class CommImpl;
 }  // namespace detail
 
+/// The peer of a receive from any rank (this one included): it takes the earliest message on its
+/// tag from whichever rank, and Work::source() names that rank (MPI_ANY_SOURCE). Host buffers only.
+constexpr int kAnySource = -1;
+
 /// One send or receive of Communicator::igroup.
 struct PointToPoint {
   bool send = true;  ///< true: send `count` elements of `buf` to `peer`; false: receive into `buf`
   void* buf = nullptr;
   size_t count = 0;
   DataType type = DataType::Float32;
-  int peer = 0;
+  int peer = 0;      ///< a receive's may be kAnySource
   uint32_t tag = 0;  ///< below 2^31
 };
 
@@ -226,6 +230,9 @@ class Work {
   void onCompletion(std::function<void(std::exception_ptr error)> fn);
   /// Bytes moved into the receive buffer (receives), or bytes sent.
   size_t bytes() const;
+  /// The rank a receive took its message from: its peer, or for a receive from kAnySource the
+  /// sender, known once complete (-1 before, and for groups and collectives).
+  int source() const;
   bool valid() const { return request_ != nullptr; }
 
  private:
@@ -281,6 +288,9 @@ class Communicator {
   Work isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);
   /// Starts receiving up to `count` elements from `peer`. A larger message fails the Work (and
   /// the matching send) with InvalidUsage; a smaller one is accepted, Work::bytes() tells.
+  /// `peer` kAnySource takes the earliest message on `tag` from any rank, in arrival order
+  /// (each rank's own messages in the order it sent them; against receives named for one rank,
+  /// the one posted first takes a message); Work::source() names the sender. Host buffers only.
   Work irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);
   /// Blocking forms (on device buffers they return once the operation is queued on the stream).
   void send(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);
@@ -317,6 +327,14 @@ class Communicator {
   Work ibarrier();
   /// Returns once every rank entered the barrier.
   void barrier();
+  /// A barrier that names the ranks that do not arrive (Gloo's monitored_barrier): each rank
+  /// reports to rank 0 and waits for its release; rank 0 waits at most `timeout` (0: the
+  /// communicator's) for the reports. Where ranks are missing, rank 0 throws Timeout naming them
+  /// ("Ranks 2, 3 failed to pass monitoredBarrier in 2000 ms", Gloo's words) and where each one is
+  /// (the hang report: the collective it is in, or its last one), and the others throw Timeout when
+  /// no release comes. `waitAll`: rank 0 waits for every rank and names all that are missing;
+  /// otherwise it stops at the first. Both end the communicator (as every timeout does).
+  void monitoredBarrier(std::chrono::milliseconds timeout = std::chrono::milliseconds(0), bool waitAll = false);
 
   Work iallReduce(const void* sendbuf, void* recvbuf, size_t count, DataType type, ReduceOp op,
                   void* cudaStream = nullptr);

@@ -184,7 +184,7 @@ loomResult_t p2p(bool send, const void* buf, size_t count, loomDataType_t dataty
     loom::DataType type = toType(datatype);
     loom::LogRankScope scope(c->comm->rank());
     // Validate now, so that a bad argument is reported by the call that made it.
-    c->comm->impl()->checkPeer(peer, what);
+    if (send || peer != LOOM_ANY_SOURCE) c->comm->impl()->checkPeer(peer, what);
     c->comm->impl()->checkBuffer(buf, count, type, what);
     if (tlsGroup.depth > 0) {
       tlsGroup.ops.push_back(GroupOp{c, send, const_cast<void*>(buf), count, type, peer, stream});
@@ -358,6 +358,20 @@ loomResult_t loomSend(const void* sendbuff, size_t count, loomDataType_t datatyp
 loomResult_t loomRecv(void* recvbuff, size_t count, loomDataType_t datatype, int peer, loomComm_t comm,
                       loomStream_t stream) {
   return p2p(false, recvbuff, count, datatype, peer, comm, stream);
+}
+
+loomResult_t loomRecvAny(void* recvbuff, size_t count, loomDataType_t datatype, loomComm_t comm, int* source,
+                         size_t* received) {
+  return guard([&] {
+    if (tlsGroup.depth > 0) LOOM_THROW(ErrorCode::InvalidUsage, -1, "loomRecvAny inside a group: use loomRecv");
+    auto c = lookup(comm);
+    loom::DataType type = toType(datatype);
+    loom::LogRankScope scope(c->comm->rank());
+    loom::Work w = c->comm->irecv(recvbuff, count, type, loom::kAnySource, 0);
+    w.wait();
+    if (source != nullptr) *source = w.source();
+    if (received != nullptr) *received = w.bytes() / loom::sizeOf(type);
+  });
 }
 
 loomResult_t loomGroupStart(void) {

@@ -166,6 +166,10 @@ RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, c
     req->consumer = consumer;  // for the waiter, where the link did not hand the bytes on
     req->consumerBuffer = buf;
   }
+  if (peer == kAnyPeer) {
+    links_.irecvAny(req, RecvSpec{buf, bytes, tag, sig, std::move(consumer)});
+    return req;
+  }
   links_.to(peer).irecv(req, RecvSpec{buf, bytes, tag, sig, std::move(consumer)});
   return req;
 }
@@ -186,7 +190,7 @@ RequestPtr CommImpl::isend(const void* buf, size_t count, DataType type, int pee
 
 RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
   checkOk();
-  checkPeer(peer, "recv");
+  if (peer != kAnyPeer) checkPeer(peer, "recv");
   size_t bytes = checkBuffer(buf, count, type, "recv");
   if (tag >= kCollectiveTagBit)
     LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("recv: tag %u is not below 2^31", tag));
@@ -254,7 +258,10 @@ void CommImpl::runQueued(const detail::Request* done) noexcept {
   if (queue_) queue_->runQueuedUntil(done);
 }
 
-bool CommImpl::pollPeer(int peer) noexcept { return peer >= 0 && peer < size_ && links_.poll(peer); }
+bool CommImpl::pollPeer(int peer) noexcept {
+  if (peer == kAnyPeer) return links_.pollAnother(peer);  // a receive from any source: each link in turn
+  return peer >= 0 && peer < size_ && links_.poll(peer);
+}
 
 bool CommImpl::pollAnother(int peer) noexcept { return links_.pollAnother(peer); }
 

@@ -85,6 +85,8 @@ class CommImpl : public Progressable, public coll::CommView {
     submit(what, std::function<void(int64_t)>(std::forward<Body>(body)), sig)->wait();
   }
   void barrierBody(int64_t seq);
+  /// Communicator::monitoredBarrier's body (comm/monitored_barrier.cc).
+  void monitoredBarrierBody(int64_t seq, std::chrono::milliseconds timeout, bool waitAll);
 
   // ---- For algorithms: byte-level messages on the collective tag space. ----
   RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what);

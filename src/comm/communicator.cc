@@ -77,6 +77,8 @@ void Work::wait() { checked(request_).wait(); }
 void Work::wait(std::chrono::milliseconds timeout) { checked(request_).wait(timeout); }
 size_t Work::bytes() const { return request_ ? request_->bytes() : 0; }
 
+int Work::source() const { return request_ ? request_->source() : -1; }
+
 void Work::onCompletion(std::function<void(std::exception_ptr)> fn) {
   detail::Request& r = checked(request_);
   const int rank = r.rank();
@@ -195,6 +197,13 @@ Work Communicator::ibarrier() {
   const uint64_t sig = makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0);
   return Work(c.submit(
       "barrier", [&c](int64_t seq) { c.barrierBody(seq); }, sig));
+}
+void Communicator::monitoredBarrier(std::chrono::milliseconds timeout, bool waitAll) {
+  auto& c = live(impl_);
+  if (timeout.count() <= 0) timeout = c.timeout();
+  c.run(
+      "monitored_barrier", [&c, timeout, waitAll](int64_t seq) { c.monitoredBarrierBody(seq, timeout, waitAll); },
+      makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 1, 0));
 }
 void Communicator::barrier() {
   auto& c = live(impl_);

@@ -62,6 +62,7 @@ Request::Request(int rank, int peer, std::string what, std::chrono::milliseconds
                  std::shared_ptr<FailureState> failure, std::shared_ptr<ProgressHook> progress)
     : rank_(rank),
       peer_(peer),
+      source_(peer),
       what_(std::move(what)),
       timeout_(timeout),
       failure_(std::move(failure)),
@@ -71,6 +72,7 @@ Request::Request(int rank, int peer, const Label& label, std::chrono::millisecon
                  std::shared_ptr<FailureState> failure, std::shared_ptr<ProgressHook> progress)
     : rank_(rank),
       peer_(peer),
+      source_(peer),
       label_(label),
       timeout_(timeout),
       failure_(std::move(failure)),
@@ -78,6 +80,7 @@ Request::Request(int rank, int peer, const Label& label, std::chrono::millisecon
 
 std::string Label::format(int peer) const {
   if (coll == nullptr) {
+    if (!send && peer < 0) return strFormat("recv of %zu %s from any rank (tag %u)", count, type, tag);
     return send ? strFormat("send of %zu %s to rank %d (tag %u)", count, type, peer, tag)
                 : strFormat("recv of %zu %s from rank %d (tag %u)", count, type, peer, tag);
   }

@@ -197,6 +197,11 @@ class Request {
   size_t bytes() const { return bytes_; }
   int rank() const { return rank_; }
   int peer() const { return peer_; }
+  /// The rank whose message a receive took: its peer, or for a receive from any source (peer -1)
+  /// the peer of the link that matched it, -1 until one did.
+  int source() const { return source_.load(std::memory_order_acquire); }
+  /// Set by the link that matches a receive from any source, before it completes it.
+  void setSource(int rank) { source_.store(rank, std::memory_order_release); }
   std::string what() const { return label_ ? label_->format(peer_) : what_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// For a collective's completion on the op queue: lets wait() run the queued ops itself
@@ -222,6 +227,7 @@ class Request {
 
   const int rank_;
   const int peer_;
+  std::atomic<int> source_;
   const std::string what_;
   const std::optional<Label> label_;
   const std::chrono::milliseconds timeout_;

@@ -84,6 +84,7 @@ void LinkTable::connect(TransportContext& ctx) {
       }
   }
   conns_[static_cast<size_t>(rank_)] = std::make_unique<SelfConnection>(rank_);
+  for (auto& c : conns_) c->attachAnySource(&anySource_);
   for (auto* e : engines_) e->seal();
   // The transports' services, found once here (every collective asks).
   for (const auto& t : transports_) {
@@ -131,9 +132,17 @@ void LinkTable::waiting(bool on) noexcept {
   for (auto* e : engines_) e->waiting(on);
 }
 
+void LinkTable::irecvAny(const RequestPtr& req, const RecvSpec& spec) {
+  std::vector<Connection*> links;
+  for (auto& c : conns_)
+    if (c) links.push_back(c.get());
+  anySource_.post(req, spec, links);
+}
+
 void LinkTable::failAll(const Status& status) noexcept {
   for (auto& c : conns_)
     if (c) c->quiesce(status);
+  anySource_.failAll(status);
   for (auto& c : conns_)
     if (c) c->failAll(status);
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/progress_engine.hpp"
+#include "transport/any_source.hpp"
 #include "transport/cuda_ipc/ipc_mem_cache.hpp"
 #include "transport/registry.hpp"
 #include "transport/shm/arena.hpp"
@@ -72,6 +73,11 @@ class LinkTable {
   void attend(bool on) noexcept;
   void waiting(bool on) noexcept;
 
+  /// Posts a receive from any peer (this rank included): any_source.hpp.
+  void irecvAny(const RequestPtr& req, const RecvSpec& spec);
+  /// Receives from any peer not matched yet.
+  size_t anySourcePending() const { return anySource_.pending(); }
+
   /// Fails every pending request with `status` and closes every link. Any thread.
   void failAll(const Status& status) noexcept;
   /// Stops the threads, fails what is pending with `bye`, and destroys the links. Idempotent.
@@ -96,6 +102,7 @@ class LinkTable {
   const LocalArena* arena_ = nullptr;
   cuda_ipc::IpcMemCache* ipcCache_ = nullptr;
   std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
+  AnySource anySource_;                  // before conns_ is cleared, every link has left it
 };
 
 }  // namespace loom

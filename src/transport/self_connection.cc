@@ -42,6 +42,20 @@ void SelfConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept
   }
 }
 
+void SelfConnection::attachAnySource(AnySource* hub) {
+  attachAnySourceUnder(mu_, matcher_, hub, rank_, [](const RequestPtr& req, const RecvSpec& spec) {
+    return Op{req, spec.buf, spec.capacity};
+  });
+}
+
+uint64_t SelfConnection::firstKept(uint32_t tag) { return firstKeptUnder(mu_, matcher_, tag); }
+
+bool SelfConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept {
+  return irecvKeptUnder(mu_, matcher_, req, spec, stamp, rank_, [&](std::unique_lock<std::mutex>&) {
+    match(*matcher_.takeMessage(spec.tag), Op{req, spec.buf, spec.capacity}, spec.tag);
+  });
+}
+
 void SelfConnection::failAll(const Status& status) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return;

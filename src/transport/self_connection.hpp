@@ -28,6 +28,9 @@ class SelfConnection : public Connection {
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
   void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
   void failAll(const Status& status) noexcept override;
+  void attachAnySource(AnySource* hub) override;
+  uint64_t firstKept(uint32_t tag) override;
+  bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept override;
   std::string describe() const override;
   /// Nothing to drive: a send to itself completes as it matches.
   bool progress() noexcept override { return false; }

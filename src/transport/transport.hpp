@@ -33,6 +33,8 @@
 
 namespace loom {
 
+class AnySource;
+
 /// Tags with this bit belong to collectives (user tags stay below it). Transports may treat their
 /// messages differently: a collective's receiver posts its receives within a pipeline step.
 constexpr uint32_t kCollectiveTagBit = 0x80000000u;
@@ -77,6 +79,16 @@ class Connection : public ProgressSource {
   /// Whether isend and irecv may be given device (GPU) buffers, which the link then moves without
   /// the CPU touching them (GPUDirect RDMA); set once the link is up. Default: host buffers only.
   virtual bool takesDeviceBuffers() const { return false; }
+
+  // ---- Receives from any source (any_source.hpp). ----
+  /// Joins the communicator's receives from any source; before the link carries anything.
+  virtual void attachAnySource(AnySource* hub) = 0;
+  /// When the earliest message the link keeps unmatched on `tag` arrived (AnySource::kNone: none).
+  virtual uint64_t firstKept(uint32_t tag) = 0;
+  /// Posts a receive from any source here if the earliest message kept on its tag is still the
+  /// one that arrived at `stamp` (which it then takes, as irecv would, reporting this link's peer
+  /// as the source); false, posting nothing, if it is gone.
+  virtual bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept = 0;
   /// Fails every pending request with `status` and closes the link. Idempotent; any thread.
   virtual void failAll(const Status& status) noexcept = 0;
   /// One line for logs: transport, sockets, addresses.

@@ -2,6 +2,7 @@
 // error codes and messages, handles used after destroy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -110,5 +111,41 @@ TEST(CApi, SelfExchangeInAGroup) {
     ASSERT_EQ(loomRecv(b, 3, loomFloat64, 0, comm, nullptr), loomSuccess);
     ASSERT_EQ(loomGroupEnd(), loomSuccess);
     EXPECT_EQ(b[2], 3.0);
+  });
+}
+
+// Receives from any rank: loomRecvAny says who sent and how much; loomRecv takes LOOM_ANY_SOURCE.
+TEST(CApi, ReceivesFromAnyRank) {
+  runC(3, [](loomComm_t comm, int rank, int n) {
+    if (rank != 0) {
+      std::vector<int32_t> out(static_cast<size_t>(rank) * 10, rank);
+      ASSERT_EQ(loomSend(out.data(), out.size(), loomInt32, 0, comm, nullptr), loomSuccess);
+      ASSERT_EQ(loomBarrier(comm, nullptr), loomSuccess);
+      ASSERT_EQ(loomSend(out.data(), 1, loomInt32, 0, comm, nullptr), loomSuccess);
+    } else {
+      std::vector<int> seen;
+      for (int k = 0; k < n - 1; ++k) {
+        std::vector<int32_t> in(100, -1);
+        int source = -1;
+        size_t received = 0;
+        ASSERT_EQ(loomRecvAny(in.data(), in.size(), loomInt32, comm, &source, &received), loomSuccess)
+            << loomGetLastError(comm);
+        ASSERT_GE(source, 1);
+        EXPECT_EQ(received, static_cast<size_t>(source) * 10);
+        EXPECT_EQ(in[0], source);
+        seen.push_back(source);
+      }
+      std::sort(seen.begin(), seen.end());
+      EXPECT_EQ(seen, (std::vector<int>{1, 2}));
+      ASSERT_EQ(loomBarrier(comm, nullptr), loomSuccess);
+      for (int k = 0; k < n - 1; ++k) {
+        int32_t x = -1;
+        ASSERT_EQ(loomRecv(&x, 1, loomInt32, LOOM_ANY_SOURCE, comm, nullptr), loomSuccess) << loomGetLastError(comm);
+        EXPECT_GE(x, 1);
+      }
+      int32_t x = 0;
+      EXPECT_EQ(loomSend(&x, 1, loomInt32, LOOM_ANY_SOURCE, comm, nullptr), loomInvalidArgument);
+    }
+    EXPECT_EQ(loomBarrier(comm, nullptr), loomSuccess);
   });
 }

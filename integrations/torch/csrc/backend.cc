@@ -3,7 +3,9 @@
 #include <Python.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <numeric>
+#include <random>
 
 #include "tensors.hpp"
 #include "work.hpp"
@@ -19,12 +21,14 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 // Starts one Loom operation and returns its LoomWork. `finisher` runs on success before the Work
 // completes; `keepAlive` holds staging tensors until then.
+// Collectives (not point-to-point) count toward the group's sequence number.
 template <typename Start>
-WorkPtr start(int rank, OpType type, const char* title, std::vector<at::Tensor> outputs, Start&& call,
+WorkPtr start(ProcessGroupLoom& pg, OpType type, const char* title, std::vector<at::Tensor> outputs, Start&& call,
               std::function<void()> finisher = {}, std::vector<at::Tensor> keepAlive = {},
               size_t expectBytes = SIZE_MAX) {
-  auto work =
-      c10::make_intrusive<LoomWork>(rank, type, title, std::move(outputs), std::move(finisher), std::move(keepAlive));
+  if (type != OpType::SEND && type != OpType::RECV && type != OpType::RECVANYSOURCE) pg.countCollective();
+  auto work = c10::make_intrusive<LoomWork>(pg.getRank(), type, title, std::move(outputs), std::move(finisher),
+                                            std::move(keepAlive));
   if (expectBytes != SIZE_MAX) work->expectBytes(expectBytes);
   LoomWork::watch(work, call());
   return work;
@@ -66,7 +70,7 @@ void checkTag(int tag, const char* op) {
 
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    std::chrono::milliseconds timeout)
-    : BackendBase(rank, size) {
+    : BackendBase(rank, size), store_(store), timeout_(timeout) {
   TORCH_CHECK(store, "loom: init_process_group gave no store");
   loom::UniqueId id;
   if (rank == 0) {
@@ -102,7 +106,7 @@ WorkPtr ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors, const c10d
   checkRank(static_cast<int>(opts.rootRank), getSize(), "root rank", "broadcast");
   TORCH_CHECK(opts.rootTensor == 0, "loom: broadcast: root tensor ", opts.rootTensor, " (one tensor per process)");
   at::Tensor buf = contiguousView(t);
-  return start(getRank(), OpType::BROADCAST, "loom:broadcast", tensors,
+  return start(*this, OpType::BROADCAST, "loom:broadcast", tensors,
                [&] {
                  return comm_->ibroadcast(buf.data_ptr(), buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8,
                                           static_cast<int>(opts.rootRank));
@@ -116,7 +120,7 @@ WorkPtr ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors, const c10d
   const loom::ReduceOp op = reduceOp(opts.reduceOp, t.scalar_type(), "allreduce");
   at::Tensor buf = contiguousView(t);
   return start(
-      getRank(), OpType::ALLREDUCE, "loom:all_reduce", tensors,
+      *this, OpType::ALLREDUCE, "loom:all_reduce", tensors,
       [&] { return comm_->iallReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, op); },
       copyBack(t, buf), {buf});
 }
@@ -133,7 +137,7 @@ WorkPtr ProcessGroupLoom::allreduce_coalesced(std::vector<at::Tensor>& tensors,
   const loom::ReduceOp op = reduceOp(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
   at::Tensor flat = flatten(tensors);
   return start(
-      getRank(), OpType::ALLREDUCE_COALESCED, "loom:all_reduce_coalesced", tensors,
+      *this, OpType::ALLREDUCE_COALESCED, "loom:all_reduce_coalesced", tensors,
       [&] { return comm_->iallReduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), type, op); },
       [flat, tensors]() mutable { unflatten(flat, tensors); }, {flat});
 }
@@ -144,7 +148,7 @@ WorkPtr ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors, const c10d::R
   const loom::DataType type = reduceType(t.scalar_type(), "reduce");
   const loom::ReduceOp op = reduceOp(opts.reduceOp, t.scalar_type(), "reduce");
   at::Tensor buf = contiguousView(t);
-  return start(getRank(), OpType::REDUCE, "loom:reduce", tensors,
+  return start(*this, OpType::REDUCE, "loom:reduce", tensors,
                [&] {
                  return comm_->ireduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, op,
                                        static_cast<int>(opts.rootRank));
@@ -163,7 +167,7 @@ WorkPtr ProcessGroupLoom::allgather(std::vector<std::vector<at::Tensor>>& output
   at::Tensor src = contiguousView(in);
   at::Tensor flat = at::empty({static_cast<int64_t>(getSize()) * in.numel()}, in.options());
   return start(
-      getRank(), OpType::ALLGATHER, "loom:all_gather", outs,
+      *this, OpType::ALLGATHER, "loom:all_gather", outs,
       [&] { return comm_->iallGather(src.data_ptr(), flat.data_ptr(), bytesOf(src), loom::DataType::Uint8); },
       [flat, outs]() mutable { unflatten(flat, outs); }, {src, flat});
 }
@@ -178,9 +182,58 @@ WorkPtr ProcessGroupLoom::_allgather_base(at::Tensor& outputBuffer, at::Tensor& 
               outputBuffer.numel(), " elements, expected ", inputBuffer.numel(), " x ", getSize(), " ranks");
   at::Tensor src = contiguousView(inputBuffer);
   at::Tensor dst = contiguousView(outputBuffer);
-  return start(getRank(), OpType::_ALLGATHER_BASE, "loom:all_gather_base", {outputBuffer},
+  return start(*this, OpType::_ALLGATHER_BASE, "loom:all_gather_base", {outputBuffer},
                [&] { return comm_->iallGather(src.data_ptr(), dst.data_ptr(), bytesOf(src), loom::DataType::Uint8); },
                copyBack(outputBuffer, dst), {src, dst});
+}
+
+WorkPtr ProcessGroupLoom::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                              std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
+  TORCH_CHECK(!inputs.empty(), "loom: allgather_coalesced: requires a non-empty input tensor list");
+  const int size = getSize();
+  TORCH_CHECK(static_cast<int>(outputLists.size()) == size, "loom: allgather_coalesced: expects ", size,
+              " output lists (one per rank), got ", outputLists.size());
+  for (const auto& t : inputs) checkHostTensor(t, "allgather_coalesced");
+  std::vector<at::Tensor> outs;
+  for (size_t r = 0; r < outputLists.size(); ++r) {
+    TORCH_CHECK(outputLists[r].size() == inputs.size(), "loom: allgather_coalesced: output list ", r, " has ",
+                outputLists[r].size(), " tensors, the input list ", inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const at::Tensor& o = outputLists[r][i];
+      checkHostTensor(o, "allgather_coalesced");
+      TORCH_CHECK(o.sizes().equals(inputs[i].sizes()), "loom: allgather_coalesced: output tensor ", i, " of list ", r,
+                  " has size ", o.sizes(), ", input tensor ", i, " ", inputs[i].sizes());
+      TORCH_CHECK(o.scalar_type() == inputs[i].scalar_type(), "loom: allgather_coalesced: output tensor ", i,
+                  " of list ", r, " is ", o.scalar_type(), ", input tensor ", i, " ", inputs[i].scalar_type());
+      outs.push_back(o);
+    }
+  }
+  // The inputs' bytes one after another (any dtypes): one all-gather moves them all.
+  std::vector<at::Tensor> pieces;
+  std::vector<int64_t> widths;
+  for (const auto& t : inputs) {
+    pieces.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+    widths.push_back(pieces.back().numel());
+  }
+  at::Tensor flat = at::cat(pieces);
+  const int64_t block = flat.numel();
+  at::Tensor all = at::empty({block * size}, flat.options());
+  auto finisher = [all, block, widths, outputLists]() mutable {
+    for (size_t r = 0; r < outputLists.size(); ++r) {
+      int64_t offset = static_cast<int64_t>(r) * block;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        at::Tensor& o = outputLists[r][i];
+        o.copy_(all.narrow(0, offset, widths[i]).view(o.scalar_type()).view(o.sizes()));
+        offset += widths[i];
+      }
+    }
+  };
+  return start(*this, OpType::ALLGATHER_COALESCED, "loom:all_gather_coalesced", outs,
+               [&] {
+                 return comm_->iallGather(flat.data_ptr(), all.data_ptr(), static_cast<size_t>(block),
+                                          loom::DataType::Uint8);
+               },
+               std::move(finisher), {flat, all});
 }
 
 WorkPtr ProcessGroupLoom::reduce_scatter(std::vector<at::Tensor>& outputTensors,
@@ -195,7 +248,7 @@ WorkPtr ProcessGroupLoom::reduce_scatter(std::vector<at::Tensor>& outputTensors,
   const loom::ReduceOp op = reduceOp(opts.reduceOp, out.scalar_type(), "reduce_scatter");
   at::Tensor flat = flatten(inputTensors[0]);
   at::Tensor dst = contiguousView(out);
-  return start(getRank(), OpType::REDUCE_SCATTER, "loom:reduce_scatter", outputTensors,
+  return start(*this, OpType::REDUCE_SCATTER, "loom:reduce_scatter", outputTensors,
                [&] {
                  return comm_->ireduceScatter(flat.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()), type,
                                               op);
@@ -216,7 +269,7 @@ WorkPtr ProcessGroupLoom::_reduce_scatter_base(at::Tensor& outputBuffer, at::Ten
   at::Tensor src = contiguousView(inputBuffer);
   at::Tensor dst = contiguousView(outputBuffer);
   return start(
-      getRank(), OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_base", {outputBuffer},
+      *this, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_base", {outputBuffer},
       [&] { return comm_->ireduceScatter(src.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()), type, op); },
       copyBack(outputBuffer, dst), {src, dst});
 }
@@ -250,7 +303,7 @@ WorkPtr ProcessGroupLoom::gather(std::vector<std::vector<at::Tensor>>& outputTen
   at::Tensor flat = at::empty({me == root ? static_cast<int64_t>(size) * in.numel() : 0}, in.options());
   std::function<void()> finisher;
   if (me == root) finisher = [flat, outs]() mutable { unflatten(flat, outs); };
-  return start(me, OpType::GATHER, "loom:gather", outs,
+  return start(*this, OpType::GATHER, "loom:gather", outs,
                [&] {
                  return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, flat.data_ptr(), recvCounts,
                                           recvDispls, loom::DataType::Uint8);
@@ -285,7 +338,7 @@ WorkPtr ProcessGroupLoom::scatter(std::vector<at::Tensor>& outputTensors,
     }
   }
   at::Tensor dst = contiguousView(out);
-  return start(me, OpType::SCATTER, "loom:scatter", outputTensors,
+  return start(*this, OpType::SCATTER, "loom:scatter", outputTensors,
                [&] {
                  return comm_->iallToAllv(flat.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts,
                                           recvDispls, loom::DataType::Uint8);
@@ -342,7 +395,7 @@ WorkPtr ProcessGroupLoom::alltoall_base(at::Tensor& outputBuffer, at::Tensor& in
     TORCH_CHECK(inputBuffer.numel() == outputBuffer.numel() && inputBuffer.numel() % size == 0,
                 "loom: alltoall_base: input and output need the same number of elements, divisible by ", size,
                 " ranks; got ", inputBuffer.numel(), " and ", outputBuffer.numel());
-    return start(getRank(), OpType::ALLTOALL_BASE, "loom:all_to_all", {outputBuffer},
+    return start(*this, OpType::ALLTOALL_BASE, "loom:all_to_all", {outputBuffer},
                  [&] {
                    return comm_->iallToAll(src.data_ptr(), dst.data_ptr(), bytesOf(src) / static_cast<size_t>(size),
                                            loom::DataType::Uint8);
@@ -352,7 +405,7 @@ WorkPtr ProcessGroupLoom::alltoall_base(at::Tensor& outputBuffer, at::Tensor& in
   std::vector<size_t> sendCounts, sendDispls, recvCounts, recvDispls;
   blocksOf(src, inputSplitSizes, size, "input", sendCounts, sendDispls);
   blocksOf(dst, outputSplitSizes, size, "output", recvCounts, recvDispls);
-  return start(getRank(), OpType::ALLTOALL_BASE, "loom:all_to_all_v", {outputBuffer},
+  return start(*this, OpType::ALLTOALL_BASE, "loom:all_to_all_v", {outputBuffer},
                [&] {
                  return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts,
                                           recvDispls, loom::DataType::Uint8);
@@ -386,7 +439,7 @@ WorkPtr ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputTensors, std::
   for (const auto& t : outputTensors) outElems += t.numel();
   at::Tensor dst = at::empty({outElems}, inputTensors[0].options());
   return start(
-      getRank(), OpType::ALLTOALL, "loom:all_to_all_v", outputTensors,
+      *this, OpType::ALLTOALL, "loom:all_to_all_v", outputTensors,
       [&] {
         return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts, recvDispls,
                                  loom::DataType::Uint8);
@@ -399,7 +452,7 @@ WorkPtr ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank, in
   checkRank(dstRank, getSize(), "destination rank", "send");
   checkTag(tag, "send");
   at::Tensor buf = contiguousView(t);
-  return start(getRank(), OpType::SEND, "loom:send", tensors,
+  return start(*this, OpType::SEND, "loom:send", tensors,
                [&] {
                  return comm_->isend(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, dstRank,
                                      static_cast<uint32_t>(tag));
@@ -413,21 +466,58 @@ WorkPtr ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank, in
   checkTag(tag, "recv");
   at::Tensor buf = contiguousView(t);
   return start(
-      getRank(), OpType::RECV, "loom:recv", tensors,
+      *this, OpType::RECV, "loom:recv", tensors,
       [&] {
         return comm_->irecv(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, srcRank, static_cast<uint32_t>(tag));
       },
       copyBack(t, buf), {buf}, bytesOf(buf));
 }
 
-WorkPtr ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>&, int) {
-  TORCH_CHECK(false,
-              "loom: recv from any source is not supported: pass the sender's rank (dist.recv(tensor, src=...))");
+WorkPtr ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  at::Tensor& t = single(tensors, "recv");
+  checkTag(tag, "recv");
+  at::Tensor buf = contiguousView(t);
+  return start(
+      *this, OpType::RECVANYSOURCE, "loom:recvAnySource", tensors,
+      [&] {
+        return comm_->irecv(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, loom::kAnySource,
+                            static_cast<uint32_t>(tag));
+      },
+      copyBack(t, buf), {buf}, bytesOf(buf));
 }
 
 WorkPtr ProcessGroupLoom::barrier(const c10d::BarrierOptions&) {
-  return start(getRank(), OpType::BARRIER, "loom:barrier", {}, [&] { return comm_->ibarrier(); });
+  return start(*this, OpType::BARRIER, "loom:barrier", {}, [&] { return comm_->ibarrier(); });
 }
+
+void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  const std::chrono::milliseconds timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+  countCollective();
+  try {
+    comm_->monitoredBarrier(timeout, waitAllRanks);
+  } catch (const loom::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+void ProcessGroupLoom::setSequenceNumberForGroup() {
+  // Rank 0's value, as Gloo agrees on one; the others read it from the store.
+  constexpr const char* kKey = "loom_seq_num";
+  uint64_t start = 0;
+  if (getRank() == 0) {
+    start = static_cast<uint64_t>(std::random_device{}()) + 1;
+    std::vector<uint8_t> v(sizeof start);
+    std::memcpy(v.data(), &start, sizeof start);
+    store_->set(kKey, v);
+  } else {
+    const std::vector<uint8_t> v = store_->get(kKey);
+    TORCH_CHECK(v.size() == sizeof start, "loom: the group's sequence number in the store has ", v.size(), " bytes");
+    std::memcpy(&start, v.data(), sizeof start);
+  }
+  seqBase_ = start - calls_.load();
+}
+
+uint64_t ProcessGroupLoom::getSequenceNumberForGroup() { return seqBase_.load() + calls_.load(); }
 
 c10::intrusive_ptr<BackendBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                        std::chrono::milliseconds timeout) {

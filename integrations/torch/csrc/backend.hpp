@@ -15,6 +15,8 @@
 
 #include <torch/version.h>
 
+#include <atomic>
+
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #else
@@ -62,6 +64,11 @@ class ProcessGroupLoom : public BackendBase {
   c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& outputBuffer, at::Tensor& inputBuffer,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  /// Every rank's `inputTensors` (one list per rank, shapes and dtypes alike on every rank) as one
+  /// all-gather of their bytes.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputTensorLists, std::vector<at::Tensor>& inputTensors,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
@@ -84,12 +91,26 @@ class ProcessGroupLoom : public BackendBase {
                                           const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
-  /// Rejected: Loom matches every receive to one source.
+  /// The earliest message on `tag` from any rank (loom::kAnySource); the Work's sourceRank() (Python:
+  /// work._source_rank(), what dist.recv returns) names the sender.
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  /// loom::Communicator::monitoredBarrier: rank 0 names the ranks that did not arrive within
+  /// `opts.timeout` (the group's when unset) and where each is; RuntimeError as Gloo's.
+  void monitoredBarrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions(), bool waitAllRanks = false) override;
+  /// The group's sequence number, as Gloo keeps it: rank 0's starting value (from the store),
+  /// plus one for each collective called since.
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+  /// Counts a collective call (not point-to-point) for the sequence number.
+  void countCollective() { calls_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   std::unique_ptr<loom::Communicator> comm_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<uint64_t> calls_{0};    // collectives called
+  std::atomic<uint64_t> seqBase_{0};  // setSequenceNumberForGroup's start, less the calls then
 };
 
 /// The factory torch.distributed calls (through loom_torch's register_backend).

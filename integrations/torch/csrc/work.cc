@@ -58,6 +58,12 @@ bool LoomWork::isCompleted() {
   return completed_;
 }
 
+int LoomWork::sourceRank() const {
+  TORCH_CHECK(opType_ == c10d::OpType::RECV || opType_ == c10d::OpType::RECVANYSOURCE,
+              "sourceRank() may only be called on recv or recvAnysource work objects");
+  return work_.source();
+}
+
 bool LoomWork::isSuccess() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_ && !exception_;

@@ -31,6 +31,8 @@ class LoomWork : public c10d::Work {
   /// For receives: the operation must move exactly `bytes` (a shorter message fails the Work).
   void expectBytes(size_t bytes) { expectBytes_ = bytes; }
 
+  /// For receives: the rank the message came from (a receive from any source: the sender).
+  int sourceRank() const override;
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;

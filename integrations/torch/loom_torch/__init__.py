@@ -66,5 +66,29 @@ def _register():
         dist.Backend.register_backend(BACKEND, _create_backend, **kwargs)
 
 
+def _allow_monitored_barrier():
+    """torch.distributed.monitored_barrier refuses every backend but Gloo before it asks the group;
+    Loom's groups implement it (rank 0 names the ranks that did not arrive, and where each is), so
+    the check lets "loom" through as well. Other backends go to PyTorch's own function."""
+    c10d = dist.distributed_c10d
+    original = c10d.monitored_barrier
+    if getattr(original, "_loom", False):
+        return
+
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        if c10d._rank_not_in_group(group) or c10d.get_backend(group) != BACKEND:
+            return original(group, timeout, wait_all_ranks)
+        if timeout is None:
+            timeout = c10d.default_pg_timeout
+        group_to_use = c10d._get_default_group() if group is None else group
+        return group_to_use.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier.__doc__ = original.__doc__
+    monitored_barrier._loom = True
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier
+
+
 _register()
+_allow_monitored_barrier()
 setup_env()

@@ -116,6 +116,9 @@ class IbConnection : public Connection {
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
   void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
+  void attachAnySource(AnySource* hub) override;
+  uint64_t firstKept(uint32_t tag) override;
+  bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept override;
   void quiesce(const Status& why) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
@@ -143,6 +146,8 @@ class IbConnection : public Connection {
     IbConnection& c_;
   };
 
+  std::shared_ptr<RecvOp> makeRecv(const RequestPtr& req, const RecvSpec& spec) const;
+  void irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock);
   /// Whether `p` is device memory this link moves in place.
   bool onDevice(const void* p) const;
   /// A registration of [p, p + bytes): of device memory (`device`) or of host memory.

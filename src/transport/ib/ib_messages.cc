@@ -326,16 +326,37 @@ void IbConnection::isend(const RequestPtr& req, const SendSpec& spec) noexcept {
   unlock(lock);
 }
 
-void IbConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
-  std::unique_lock<std::mutex> lock(mu_);
-  std::optional<std::shared_ptr<Unexpected>> kept = matcher_.takeMessage(spec.tag);
-  if (closed_ && !(kept && static_cast<Msg>((*kept)->h.type) == Msg::Eager)) return req->fail(closedStatus_);
+std::shared_ptr<IbConnection::RecvOp> IbConnection::makeRecv(const RequestPtr& req, const RecvSpec& spec) const {
   auto op = std::make_shared<RecvOp>();
   op->req = req;
   op->buf = static_cast<uint8_t*>(spec.buf);
   op->capacity = spec.capacity;
   op->tag = spec.tag;
   op->sig = spec.signature;
+  return op;
+}
+
+void IbConnection::attachAnySource(AnySource* hub) {
+  attachAnySourceUnder(mu_, matcher_, hub, peer_,
+                       [this](const RequestPtr& req, const RecvSpec& spec) { return makeRecv(req, spec); });
+}
+
+uint64_t IbConnection::firstKept(uint32_t tag) { return firstKeptUnder(mu_, matcher_, tag); }
+
+bool IbConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept {
+  return irecvKeptUnder(mu_, matcher_, req, spec, stamp, peer_,
+                        [&](std::unique_lock<std::mutex>& lock) { irecvLocked(req, spec, lock); });
+}
+
+void IbConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  irecvLocked(req, spec, lock);
+}
+
+void IbConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock) {
+  std::optional<std::shared_ptr<Unexpected>> kept = matcher_.takeMessage(spec.tag);
+  if (closed_ && !(kept && static_cast<Msg>((*kept)->h.type) == Msg::Eager)) return req->fail(closedStatus_);
+  std::shared_ptr<RecvOp> op = makeRecv(req, spec);
   if (!kept) {
     matcher_.post(spec.tag, std::move(op));
     return;

@@ -143,20 +143,41 @@ void ShmConnection::sendControl(FrameType type, uint64_t seq, uint64_t sig) {
 // ---------------------------------------------------------------------------------------------
 // Receive side.
 
+std::shared_ptr<ShmConnection::RecvOp> ShmConnection::makeRecv(const RequestPtr& req, const RecvSpec& spec) const {
+  auto op = std::make_shared<RecvOp>();
+  op->req = req;
+  op->buf = static_cast<uint8_t*>(spec.buf);
+  op->capacity = spec.capacity;
+  op->tag = spec.tag;
+  op->signature = spec.signature;
+  return op;
+}
+
+void ShmConnection::attachAnySource(AnySource* hub) {
+  attachAnySourceUnder(inMu_, matcher_, hub, peer_,
+                       [this](const RequestPtr& req, const RecvSpec& spec) { return makeRecv(req, spec); });
+}
+
+uint64_t ShmConnection::firstKept(uint32_t tag) { return firstKeptUnder(inMu_, matcher_, tag); }
+
+bool ShmConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept {
+  return irecvKeptUnder(inMu_, matcher_, req, spec, stamp, peer_,
+                        [&](std::unique_lock<std::mutex>& lock) { irecvLocked(req, spec, lock); });
+}
+
 void ShmConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
+  std::unique_lock<std::mutex> in(inMu_);
+  irecvLocked(req, spec, in);
+}
+
+void ShmConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& in) {
   const size_t bytes = spec.capacity;
   const uint32_t tag = spec.tag;
-  std::unique_lock<std::mutex> in(inMu_);
   // Unexpected messages in arrival order; the first with this tag matches. On a closed link too:
   // what the peer sent before it went stays for its receive (failLocked).
   std::optional<std::shared_ptr<Unexpected>> kept = matcher_.takeMessage(tag);
   if (closed_ && !kept) return req->fail(closedStatus_);
-  auto op = std::make_shared<RecvOp>();
-  op->req = req;
-  op->buf = static_cast<uint8_t*>(spec.buf);
-  op->capacity = bytes;
-  op->tag = tag;
-  op->signature = spec.signature;
+  std::shared_ptr<RecvOp> op = makeRecv(req, spec);
   if (!kept) {
     matcher_.post(tag, std::move(op));
     return;

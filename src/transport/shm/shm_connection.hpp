@@ -49,6 +49,9 @@ class ShmConnection : public Connection {
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
   void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
+  void attachAnySource(AnySource* hub) override;
+  uint64_t firstKept(uint32_t tag) override;
+  bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
   /// Moves whatever can move now from this thread (never blocks on another thread's copy);
@@ -103,6 +106,8 @@ class ShmConnection : public Connection {
   void finishPayloadLocked();
   /// Starts the transfer of a matched large message: a direct read, or CTS where that is refused.
   void startLargeLocked(const std::shared_ptr<RecvOp>& op);
+  std::shared_ptr<RecvOp> makeRecv(const RequestPtr& req, const RecvSpec& spec) const;
+  void irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& in);
   /// Runs one queued direct read (unlocking `in` meanwhile); returns whether one ran.
   bool runCmaLocked(std::unique_lock<std::mutex>& in);
   /// A control frame; a NACK for another call's message carries this rank's signature.

@@ -148,18 +148,39 @@ bool TcpConnection::takeReadyHintLocked(uint32_t tag, size_t bytes) {
   return ready;
 }
 
-void TcpConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
-  const size_t bytes = spec.capacity;
-  const uint32_t tag = spec.tag;
-  std::unique_lock<std::mutex> lock(mu_);
-  noteUnattendedLocked(req);
+std::shared_ptr<TcpConnection::RecvOp> TcpConnection::makeRecv(const RequestPtr& req, const RecvSpec& spec) const {
   auto op = std::make_shared<RecvOp>();
   op->req = req;
   op->buf = static_cast<uint8_t*>(spec.buf);
-  op->capacity = bytes;
-  op->tag = tag;
+  op->capacity = spec.capacity;
+  op->tag = spec.tag;
   op->signature = spec.signature;
   op->consumer = spec.consumer;
+  return op;
+}
+
+void TcpConnection::attachAnySource(AnySource* hub) {
+  attachAnySourceUnder(mu_, matcher_, hub, peer_,
+                       [this](const RequestPtr& req, const RecvSpec& spec) { return makeRecv(req, spec); });
+}
+
+uint64_t TcpConnection::firstKept(uint32_t tag) { return firstKeptUnder(mu_, matcher_, tag); }
+
+bool TcpConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept {
+  return irecvKeptUnder(mu_, matcher_, req, spec, stamp, peer_,
+                        [&](std::unique_lock<std::mutex>& lock) { irecvLocked(req, spec, lock); });
+}
+
+void TcpConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  irecvLocked(req, spec, lock);
+}
+
+void TcpConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock) {
+  const size_t bytes = spec.capacity;
+  const uint32_t tag = spec.tag;
+  noteUnattendedLocked(req);
+  std::shared_ptr<RecvOp> op = makeRecv(req, spec);
   if (std::optional<std::shared_ptr<Unexpected>> kept = matcher_.takeMessage(tag)) {
     std::shared_ptr<Unexpected> u = std::move(*kept);
     if (!signaturesAgree(spec.signature, u->hdr.b)) {

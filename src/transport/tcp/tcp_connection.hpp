@@ -88,6 +88,9 @@ class TcpConnection : public Connection {
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
   void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
+  void attachAnySource(AnySource* hub) override;
+  uint64_t firstKept(uint32_t tag) override;
+  bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
   bool progress() noexcept override;
@@ -186,6 +189,8 @@ class TcpConnection : public Connection {
   /// record of recent sends does not reach back that far.
   size_t sendsOnTagSinceLocked(uint32_t tag, uint64_t from) const;
   void deliverUnexpectedLocked(Unexpected& u, RecvOp& op);
+  std::shared_ptr<RecvOp> makeRecv(const RequestPtr& req, const RecvSpec& spec) const;
+  void irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock);
   /// Queues the DATA frames of `op` over its stripes (after a CTS, or right behind a PUSH).
   void enqueueDataLocked(const std::shared_ptr<SendOp>& op);
   /// Takes a PUSH header: its DATA goes to the matching receive, or to an unexpected buffer.
