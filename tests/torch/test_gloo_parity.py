@@ -165,3 +165,218 @@ def body_sequence_numbers(rank, world):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sequence_numbers(backend):
     harness.run(body_sequence_numbers, 3, backend=backend)
+
+
+def body_object_collectives(rank, world):
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "name": "r%d" % rank, "list": list(range(rank))})
+    assert objs == [{"rank": r, "name": "r%d" % r, "list": list(range(r))} for r in range(world)], objs
+    box = [("from root", 42), None] if rank == 0 else [None, None]
+    dist.broadcast_object_list(box, src=0)
+    assert box == [("from root", 42), None], box
+    gathered = [None] * world if rank == 1 else None
+    dist.gather_object(rank * 3, gathered, dst=1)
+    if rank == 1:
+        assert gathered == [r * 3 for r in range(world)], gathered
+    out = [None]
+    dist.scatter_object_list(out, ["for %d" % r for r in range(world)] if rank == 0 else None, src=0)
+    assert out == ["for %d" % rank], out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", WORLDS)
+def test_object_collectives(backend, world):
+    harness.run(body_object_collectives, world, backend=backend)
+
+
+def body_subgroups(rank, world):
+    # Overlapping groups, ranks given in any order, created in the same order on every rank.
+    evens = dist.new_group([r for r in range(world) if r % 2 == 0][::-1])
+    lasts = dist.new_group([world - 1, world - 2])
+    everyone = dist.new_group(list(range(world))[::-1])
+    t = torch.tensor([float(rank + 1)])
+    if rank % 2 == 0:
+        dist.all_reduce(t, group=evens)
+        assert t.item() == sum(r + 1 for r in range(world) if r % 2 == 0), t
+    t = torch.tensor([float(rank + 1)])
+    if rank >= world - 2:
+        dist.all_reduce(t, group=lasts)
+        assert t.item() == (world - 1) + world, t
+        b = torch.tensor([float(rank)])
+        dist.broadcast(b, src=world - 1, group=lasts)  # src is a global rank
+        assert b.item() == world - 1
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, group=everyone)
+    assert t.item() == world * (world + 1) / 2
+    assert dist.get_rank(everyone) == rank  # PyTorch orders a group's ranks
+    for g in (evens, lasts, everyone):
+        if dist.get_rank(g) >= 0:
+            dist.barrier(group=g)
+    dist.destroy_process_group(lasts)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", WORLDS)
+def test_subgroups(backend, world):
+    harness.run(body_subgroups, world, backend=backend)
+
+
+def _ddp_run(rank, world, steps=4, **ddp_kwargs):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    net = torch.nn.ModuleDict({"model": model})
+    if ddp_kwargs.get("find_unused_parameters"):
+        net["unused"] = torch.nn.Linear(4, 4)  # never in the graph: find_unused_parameters copes
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net["model"](x)
+
+    hook = ddp_kwargs.pop("hook", None)
+    ddp = DDP(Wrapper(), **ddp_kwargs)
+    if hook is not None:
+        hook(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(5, 8, generator=g)
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+
+
+DDP_VARIANTS = {
+    "find_unused": dict(find_unused_parameters=True),
+    "static_graph": dict(static_graph=True),
+    "bucket_view": dict(gradient_as_bucket_view=True, bucket_cap_mb=0.0005),
+}
+
+
+def body_ddp_variant(rank, world, variant, out_dir):
+    params = _ddp_run(rank, world, **dict(DDP_VARIANTS[variant]))
+    every = [torch.zeros_like(params) for _ in range(world)]
+    dist.all_gather(every, params)
+    assert all(torch.equal(e, every[0]) for e in every), "replicas differ"
+    if rank == 0:
+        torch.save(params, os.path.join(out_dir, "params.pt"))
+
+
+@pytest.mark.parametrize("variant", sorted(DDP_VARIANTS))
+def test_ddp_variants_match_gloo(variant, tmp_path):
+    results = {}
+    for backend in BACKENDS:
+        out = tmp_path / backend
+        out.mkdir()
+        harness.run(body_ddp_variant, 3, variant, str(out), backend=backend)
+        results[backend] = torch.load(str(out / "params.pt"))
+    assert torch.allclose(results["loom"], results["gloo"], rtol=1e-5, atol=1e-6), (results["loom"] - results["gloo"]).abs().max()
+
+
+def _register_hook(name):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    def apply(ddp):
+        if name == "allreduce":
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        elif name == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif name == "bf16":
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        elif name == "powersgd":
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                start_powerSGD_iter=2, random_seed=0)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return apply
+
+
+def body_ddp_hook(rank, world, name, out_dir):
+    params = _ddp_run(rank, world, hook=_register_hook(name))
+    every = [torch.zeros_like(params) for _ in range(world)]
+    dist.all_gather(every, params)
+    assert all(torch.equal(e, every[0]) for e in every), "replicas differ"
+    if rank == 0:
+        torch.save(params, os.path.join(out_dir, "params.pt"))
+
+
+# (PyTorch 1.13's bf16_compress_hook refuses every backend but NCCL, Gloo as well.)
+@pytest.mark.parametrize("name", ["allreduce", "fp16", "powersgd"] + (["bf16"] if int(torch.__version__.split(".")[0]) >= 2 else []))
+def test_ddp_comm_hooks_match_gloo(name, tmp_path):
+    results = {}
+    for backend in BACKENDS:
+        out = tmp_path / backend
+        out.mkdir()
+        harness.run(body_ddp_hook, 3, name, str(out), backend=backend)
+        results[backend] = torch.load(str(out / "params.pt"))
+    assert torch.allclose(results["loom"], results["gloo"], rtol=1e-4, atol=1e-5), (results["loom"] - results["gloo"]).abs().max()
+
+
+def body_ddp_join(rank, world, out_dir):
+    # Uneven inputs: rank r has 3 + r batches; join() shadows the collectives of those that ran out.
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(7 + rank)
+    with Join([model]):
+        for _ in range(3 + rank):
+            loss = model(torch.randn(4, 6, generator=g)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    every = [torch.zeros_like(params) for _ in range(world)]
+    dist.all_gather(every, params)
+    assert all(torch.equal(e, every[0]) for e in every), "replicas differ"
+    if rank == 0:
+        torch.save(params, os.path.join(out_dir, "params.pt"))
+
+
+def test_ddp_join_matches_gloo(tmp_path):
+    results = {}
+    for backend in BACKENDS:
+        out = tmp_path / backend
+        out.mkdir()
+        harness.run(body_ddp_join, 3, str(out), backend=backend)
+        results[backend] = torch.load(str(out / "params.pt"))
+    assert torch.allclose(results["loom"], results["gloo"], rtol=1e-5, atol=1e-6)
+
+
+def body_work_wait_timeout(rank, world):
+    # A receive nobody sends: work.wait(timeout) raises RuntimeError on both backends.
+    if rank == 0:
+        t = torch.zeros(2)
+        work = dist.irecv(t, src=1, tag=99)
+        with pytest.raises(RuntimeError):
+            work.wait(datetime.timedelta(milliseconds=300))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_work_wait_with_a_timeout(backend):
+    harness.run(body_work_wait_timeout, 2, backend=backend)
+
+
+def body_profiler(rank, world):
+    from torch.profiler import ProfilerActivity, profile
+    t = torch.ones(16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+    names = {e.name for e in prof.events()}
+    backend = dist.get_backend()
+    assert any("all_reduce" in n for n in names), sorted(names)
+    assert any("broadcast" in n for n in names), sorted(names)
+    assert any(backend in n for n in names), (backend, sorted(names))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_profiler_records_collectives(backend):
+    harness.run(body_profiler, 2, backend=backend)

@@ -3,9 +3,61 @@
 #include <ATen/core/jit_type.h>
 #include <c10/util/StringUtil.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 namespace loom_torch {
+namespace {
+
+// Completes the Futures off Loom's threads. A Future runs its callbacks as it completes, and a
+// callback may start another operation and wait for it (PowerSGD's hook does, twice per bucket):
+// on Loom's op-queue thread that wait would hold the queue that must run the operation. Here a
+// callback that waits blocks one of these threads only; while every thread is busy, a new one
+// starts (a callback waiting on an operation whose Future completes later needs another).
+class FuturePool {
+ public:
+  static FuturePool& get() {
+    static FuturePool* pool = new FuturePool();  // never destroyed: its threads may run until exit
+    return *pool;
+  }
+  void submit(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(fn));
+    if (queue_.size() > idle_ && threads_ < kMaxThreads) {
+      ++threads_;
+      std::thread([this] { run(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxThreads = 64;
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [this] { return !queue_.empty(); });
+      --idle_;
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  size_t idle_ = 0;
+  size_t threads_ = 0;
+};
+
+}  // namespace
 
 LoomWork::LoomWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
                    std::function<void()> finisher, std::vector<at::Tensor> keepAlive)
@@ -38,10 +90,15 @@ void LoomWork::complete(std::exception_ptr error) {
   finisher_ = nullptr;
   keepAlive_.clear();
   finish(error);  // completes the Work and wakes its waiters
-  if (error)
-    future_->setError(error);
-  else
-    future_->markCompleted(c10::IValue(outputs_));
+  FuturePool::get().submit([future = future_, error, outputs = outputs_]() {
+    try {
+      if (error)
+        future->setError(error);
+      else
+        future->markCompleted(c10::IValue(outputs));
+    } catch (const std::exception&) {  // a callback's error is the chained Future's, not ours
+    }
+  });
 }
 
 bool LoomWork::isCompleted() {

@@ -1,7 +1,8 @@
 // LoomWork: the c10d Work of one Loom operation. It completes from Loom's own threads
 // (loom::Work::onCompletion), not from a thread blocked in the call: the completion copies results
-// back where the call needed a staging tensor, then completes the Work and its Future (which
-// DistributedDataParallel's communication hooks chain on).
+// back where the call needed a staging tensor, then completes the Work, and hands its Future (which
+// DistributedDataParallel's communication hooks chain on) to a thread of the backend's that
+// completes it and runs its callbacks, off Loom's threads (work.cc).
 #pragma once
 
 #include <ATen/core/ivalue.h>
