@@ -55,7 +55,7 @@ try:
         ext_modules=[
             CppExtension(
                 "loom_torch._C",
-                sources=["csrc/module.cc", "csrc/backend.cc", "csrc/work.cc", "csrc/tensors.cc"],
+                sources=["csrc/module.cc", "csrc/backend.cc", "csrc/work.cc", "csrc/tensors.cc", "csrc/sparse.cc"],
                 extra_compile_args=cflags + ["-std=c++17", "-O2", "-Wall", "-Wno-unused-parameter",
                                              "-Wno-deprecated-declarations", "-Werror"],
                 extra_link_args=libs + rpaths,

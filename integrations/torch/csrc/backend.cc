@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "start.hpp"
 #include "tensors.hpp"
 #include "work.hpp"
 
@@ -18,21 +19,6 @@ constexpr const char* kIdKey = "loom_unique_id";
 
 using OpType = c10d::OpType;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
-
-// Starts one Loom operation and returns its LoomWork. `finisher` runs on success before the Work
-// completes; `keepAlive` holds staging tensors until then.
-// Collectives (not point-to-point) count toward the group's sequence number.
-template <typename Start>
-WorkPtr start(ProcessGroupLoom& pg, OpType type, const char* title, std::vector<at::Tensor> outputs, Start&& call,
-              std::function<void()> finisher = {}, std::vector<at::Tensor> keepAlive = {},
-              size_t expectBytes = SIZE_MAX) {
-  if (type != OpType::SEND && type != OpType::RECV && type != OpType::RECVANYSOURCE) pg.countCollective();
-  auto work = c10::make_intrusive<LoomWork>(pg.getRank(), type, title, std::move(outputs), std::move(finisher),
-                                            std::move(keepAlive));
-  if (expectBytes != SIZE_MAX) work->expectBytes(expectBytes);
-  LoomWork::watch(work, call());
-  return work;
-}
 
 // A finisher copying `staged` back into `t` when they are different tensors (non-contiguous `t`).
 std::function<void()> copyBack(const at::Tensor& t, const at::Tensor& staged) {
@@ -115,6 +101,7 @@ WorkPtr ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors, const c10d
 }
 
 WorkPtr ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].is_sparse()) return sparseAllreduce(tensors, opts);
   at::Tensor& t = single(tensors, "allreduce");
   const loom::DataType type = reduceType(t.scalar_type(), "allreduce");
   const loom::ReduceOp op = reduceOp(opts.reduceOp, t.scalar_type(), "allreduce");

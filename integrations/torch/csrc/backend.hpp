@@ -106,6 +106,10 @@ class ProcessGroupLoom : public BackendBase {
   void countCollective() { calls_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
+  /// All-reduce (sum) of a sparse COO tensor, as Gloo does it (sparse.cc): every rank's indices and
+  /// values gathered, summed and coalesced; the tensor takes the result.
+  c10::intrusive_ptr<c10d::Work> sparseAllreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+
   std::unique_ptr<loom::Communicator> comm_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
