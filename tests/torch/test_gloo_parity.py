@@ -222,6 +222,27 @@ def test_subgroups(backend, world):
     harness.run(body_subgroups, world, backend=backend)
 
 
+def _save_replicated(rank, world, params, out_dir):
+    """Checks that every replica holds the same parameters; rank 0 saves them for the comparison."""
+    every = [torch.zeros_like(params) for _ in range(world)]
+    dist.all_gather(every, params)
+    assert all(torch.equal(e, every[0]) for e in every), "replicas differ"
+    if rank == 0:
+        torch.save(params, os.path.join(out_dir, "params.pt"))
+
+
+def _compare_training(tmp_path, body, *args, rtol, atol):
+    """Trains with `body` on 3 ranks on Gloo, then on Loom, and compares the parameters."""
+    results = {}
+    for backend in BACKENDS:
+        out = tmp_path / backend
+        out.mkdir()
+        harness.run(body, 3, *args, str(out), backend=backend)
+        results[backend] = torch.load(str(out / "params.pt"))
+    assert torch.allclose(results["loom"], results["gloo"], rtol=rtol, atol=atol), \
+        (results["loom"] - results["gloo"]).abs().max()
+
+
 def _ddp_run(rank, world, steps=4, **ddp_kwargs):
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.manual_seed(0)
@@ -262,22 +283,12 @@ DDP_VARIANTS = {
 
 def body_ddp_variant(rank, world, variant, out_dir):
     params = _ddp_run(rank, world, **dict(DDP_VARIANTS[variant]))
-    every = [torch.zeros_like(params) for _ in range(world)]
-    dist.all_gather(every, params)
-    assert all(torch.equal(e, every[0]) for e in every), "replicas differ"
-    if rank == 0:
-        torch.save(params, os.path.join(out_dir, "params.pt"))
+    _save_replicated(rank, world, params, out_dir)
 
 
 @pytest.mark.parametrize("variant", sorted(DDP_VARIANTS))
 def test_ddp_variants_match_gloo(variant, tmp_path):
-    results = {}
-    for backend in BACKENDS:
-        out = tmp_path / backend
-        out.mkdir()
-        harness.run(body_ddp_variant, 3, variant, str(out), backend=backend)
-        results[backend] = torch.load(str(out / "params.pt"))
-    assert torch.allclose(results["loom"], results["gloo"], rtol=1e-5, atol=1e-6), (results["loom"] - results["gloo"]).abs().max()
+    _compare_training(tmp_path, body_ddp_variant, variant, rtol=1e-5, atol=1e-6)
 
 
 def _register_hook(name):
@@ -299,23 +310,13 @@ def _register_hook(name):
 
 def body_ddp_hook(rank, world, name, out_dir):
     params = _ddp_run(rank, world, hook=_register_hook(name))
-    every = [torch.zeros_like(params) for _ in range(world)]
-    dist.all_gather(every, params)
-    assert all(torch.equal(e, every[0]) for e in every), "replicas differ"
-    if rank == 0:
-        torch.save(params, os.path.join(out_dir, "params.pt"))
+    _save_replicated(rank, world, params, out_dir)
 
 
 # (PyTorch 1.13's bf16_compress_hook refuses every backend but NCCL, Gloo as well.)
 @pytest.mark.parametrize("name", ["allreduce", "fp16", "powersgd"] + (["bf16"] if int(torch.__version__.split(".")[0]) >= 2 else []))
 def test_ddp_comm_hooks_match_gloo(name, tmp_path):
-    results = {}
-    for backend in BACKENDS:
-        out = tmp_path / backend
-        out.mkdir()
-        harness.run(body_ddp_hook, 3, name, str(out), backend=backend)
-        results[backend] = torch.load(str(out / "params.pt"))
-    assert torch.allclose(results["loom"], results["gloo"], rtol=1e-4, atol=1e-5), (results["loom"] - results["gloo"]).abs().max()
+    _compare_training(tmp_path, body_ddp_hook, name, rtol=1e-4, atol=1e-5)
 
 
 def body_ddp_join(rank, world, out_dir):
@@ -333,21 +334,11 @@ def body_ddp_join(rank, world, out_dir):
             loss.backward()
             opt.step()
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    every = [torch.zeros_like(params) for _ in range(world)]
-    dist.all_gather(every, params)
-    assert all(torch.equal(e, every[0]) for e in every), "replicas differ"
-    if rank == 0:
-        torch.save(params, os.path.join(out_dir, "params.pt"))
+    _save_replicated(rank, world, params, out_dir)
 
 
 def test_ddp_join_matches_gloo(tmp_path):
-    results = {}
-    for backend in BACKENDS:
-        out = tmp_path / backend
-        out.mkdir()
-        harness.run(body_ddp_join, 3, str(out), backend=backend)
-        results[backend] = torch.load(str(out / "params.pt"))
-    assert torch.allclose(results["loom"], results["gloo"], rtol=1e-5, atol=1e-6)
+    _compare_training(tmp_path, body_ddp_join, rtol=1e-5, atol=1e-6)
 
 
 def body_work_wait_timeout(rank, world):
@@ -447,18 +438,8 @@ def body_ddp_sparse_embedding(rank, world, out_dir):
         loss.backward()
         opt.step()
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    every = [torch.zeros_like(params) for _ in range(world)]
-    dist.all_gather(every, params)
-    assert all(torch.equal(e, every[0]) for e in every), "replicas differ"
-    if rank == 0:
-        torch.save(params, os.path.join(out_dir, "params.pt"))
+    _save_replicated(rank, world, params, out_dir)
 
 
 def test_ddp_sparse_embedding_matches_gloo(tmp_path):
-    results = {}
-    for backend in BACKENDS:
-        out = tmp_path / backend
-        out.mkdir()
-        harness.run(body_ddp_sparse_embedding, 3, str(out), backend=backend)
-        results[backend] = torch.load(str(out / "params.pt"))
-    assert torch.allclose(results["loom"], results["gloo"], rtol=1e-5, atol=1e-6), (results["loom"] - results["gloo"]).abs().max()
+    _compare_training(tmp_path, body_ddp_sparse_embedding, rtol=1e-5, atol=1e-6)

@@ -90,7 +90,7 @@ void LoomWork::complete(std::exception_ptr error) {
   finisher_ = nullptr;
   keepAlive_.clear();
   finish(error);  // completes the Work and wakes its waiters
-  FuturePool::get().submit([future = future_, error, outputs = outputs_]() {
+  auto completeFuture = [future = future_, error, outputs = outputs_]() {
     try {
       if (error)
         future->setError(error);
@@ -98,7 +98,17 @@ void LoomWork::complete(std::exception_ptr error) {
         future->markCompleted(c10::IValue(outputs));
     } catch (const std::exception&) {  // a callback's error is the chained Future's, not ours
     }
-  });
+  };
+  // A Future nobody has asked for has no callbacks: completing it here runs nothing, and costs no
+  // thread hand-off (most operations: a plain dist.all_reduce never asks). Holding the lock makes a
+  // concurrent getFuture() wait until it is complete; callbacks added after that run on the adder.
+  std::unique_lock<std::mutex> lock(futureMutex_);
+  if (!futureHanded_) {
+    completeFuture();
+    return;
+  }
+  lock.unlock();
+  FuturePool::get().submit(std::move(completeFuture));
 }
 
 bool LoomWork::isCompleted() {
@@ -151,6 +161,10 @@ bool LoomWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> LoomWork::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> LoomWork::getFuture() {
+  std::lock_guard<std::mutex> lock(futureMutex_);
+  futureHanded_ = true;
+  return future_;
+}
 
 }  // namespace loom_torch

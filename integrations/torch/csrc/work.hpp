@@ -1,8 +1,8 @@
 // LoomWork: the c10d Work of one Loom operation. It completes from Loom's own threads
 // (loom::Work::onCompletion), not from a thread blocked in the call: the completion copies results
-// back where the call needed a staging tensor, then completes the Work, and hands its Future (which
-// DistributedDataParallel's communication hooks chain on) to a thread of the backend's that
-// completes it and runs its callbacks, off Loom's threads (work.cc).
+// back where the call needed a staging tensor, then completes the Work and its Future. Once someone
+// has asked for the Future (DistributedDataParallel's communication hooks chain on it), a thread of
+// the backend's completes it and runs its callbacks, off Loom's threads (work.cc).
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <loom/loom.hpp>
+#include <mutex>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
@@ -52,6 +53,8 @@ class LoomWork : public c10d::Work {
   std::function<void()> finisher_;
   std::vector<at::Tensor> keepAlive_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex futureMutex_;     // orders getFuture() against completion
+  bool futureHanded_ = false;  // getFuture() was called: callbacks may be chained on the Future
   size_t expectBytes_ = SIZE_MAX;
 };
 
