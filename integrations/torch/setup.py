@@ -14,9 +14,14 @@ from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 
-def pkg_config(*args):
+def pkg_config(what):
+    # LOOM_CFLAGS, LOOM_LIBS and LOOM_VERSION, where set, stand for pkg-config's answers (a build in
+    # another root whose pkg-config lacks the .pc files of Loom's dependencies: tools/torch2-env).
+    given = os.environ.get({"--cflags": "LOOM_CFLAGS", "--libs": "LOOM_LIBS", "--modversion": "LOOM_VERSION"}[what])
+    if given is not None:
+        return given.split()
     try:
-        out = subprocess.check_output(["pkg-config", *args, "loom"], text=True)
+        out = subprocess.check_output(["pkg-config", what, "loom"], text=True)
     except (OSError, subprocess.CalledProcessError) as e:
         raise SystemExit(
             "loom_torch: pkg-config cannot find Loom (%s). Install it (meson install -C build) or point "
@@ -36,7 +41,7 @@ os.chdir(os.path.dirname(os.path.abspath(__file__)))
 
 cflags = pkg_config("--cflags")
 libs = pkg_config("--libs")
-rpaths = ["-Wl,-rpath," + flag[2:] for flag in pkg_config("--libs-only-L")]
+rpaths = ["-Wl,-rpath," + flag[2:] for flag in libs if flag.startswith("-L")]
 
 # Under Meson the compiler lines go to <stamp>.log, and to the terminal only when the build fails.
 log = None
@@ -55,9 +60,12 @@ try:
         ext_modules=[
             CppExtension(
                 "loom_torch._C",
-                sources=["csrc/module.cc", "csrc/backend.cc", "csrc/work.cc", "csrc/tensors.cc", "csrc/sparse.cc"],
+                sources=["csrc/module.cc", "csrc/backend.cc", "csrc/work.cc", "csrc/tensors.cc", "csrc/sparse.cc",
+                         "csrc/coalesced.cc"],
                 extra_compile_args=cflags + ["-std=c++17", "-O2", "-Wall", "-Wno-unused-parameter",
-                                             "-Wno-deprecated-declarations", "-Werror"],
+                                             "-Wno-deprecated-declarations",
+                                             # gcc 13+ warns inside PyTorch 2.x's own headers
+                                             "-Wno-dangling-reference", "-Werror"],
                 extra_link_args=libs + rpaths,
             )
         ],

@@ -38,11 +38,36 @@ def _rank_main(rank, world_size, body, args, backend, init, timeout_s, deadline_
         dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         body(rank, world_size, *args)
+        keep_gloo_groups(dist)
         dist.destroy_process_group()
     except BaseException:  # noqa: B902 - reported to the parent, whatever it is
         errors.put((rank, traceback.format_exc()))
         sys.stderr.flush()
         os._exit(1)
+
+
+# PyTorch 2.x before 2.8 destroys a Gloo group with the GIL held while it joins Gloo's worker
+# threads, and a worker still holding the last reference to a tensor with a Python object waits for
+# the GIL there: destroying a Gloo group hangs now and then (pytorch/pytorch#154976). On those
+# versions the ranks keep their Gloo groups alive instead (a rank ends with os._exit, as every
+# multiprocessing child does, so they are never destroyed); Loom's groups are destroyed for real.
+_KEPT_GLOO_GROUPS = []
+
+
+def _gloo_destroy_hangs():
+    import torch
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return (2, 0) <= (major, minor) < (2, 8)
+
+
+def keep_gloo_groups(dist, groups=None):
+    """Before destroy_process_group(): keeps `groups` (default: every group) that are Gloo's alive."""
+    if not _gloo_destroy_hangs():
+        return
+    c10d = dist.distributed_c10d
+    for group in (list(c10d._world.pg_map) if groups is None else groups):
+        if group is not c10d.GroupMember.NON_GROUP_MEMBER and dist.get_backend(group) == "gloo":
+            _KEPT_GLOO_GROUPS.append(group)
 
 
 def run(body, world_size, *args, backend="loom", init="file", deadline_s=120, timeout_s=60):

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import harness
 
 BACKENDS = ["gloo", "loom"]
+TORCH_MAJOR = int(torch.__version__.split(".")[0])
 WORLDS = [2, 3, 4]
 
 
@@ -148,6 +149,9 @@ def test_monitored_barrier_names_missing_ranks(backend, wait_all, tmp_path, monk
 
 def body_sequence_numbers(rank, world):
     pg = dist.distributed_c10d._get_default_group()
+    if TORCH_MAJOR >= 2:
+        # PyTorch 2.x's ProcessGroup answers only for its built-in backends; the backend answers for itself
+        pg = pg._get_backend(torch.device("cpu"))
     t = torch.ones(4)
     seen = []
     for _ in range(3):
@@ -212,6 +216,7 @@ def body_subgroups(rank, world):
     for g in (evens, lasts, everyone):
         if dist.get_rank(g) >= 0:
             dist.barrier(group=g)
+    harness.keep_gloo_groups(dist, [lasts])
     dist.destroy_process_group(lasts)
     dist.barrier()
 
@@ -313,8 +318,12 @@ def body_ddp_hook(rank, world, name, out_dir):
     _save_replicated(rank, world, params, out_dir)
 
 
-# (PyTorch 1.13's bf16_compress_hook refuses every backend but NCCL, Gloo as well.)
-@pytest.mark.parametrize("name", ["allreduce", "fp16", "powersgd"] + (["bf16"] if int(torch.__version__.split(".")[0]) >= 2 else []))
+# bf16_compress_hook: PyTorch refuses it on every backend, Gloo's as well, without CUDA 11+ and NCCL
+# 2.10+ in its build (1.13: on every backend but NCCL's).
+BF16_HOOK = TORCH_MAJOR >= 2 and torch.cuda.is_available() and torch.cuda.nccl.version() >= (2, 10)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "fp16", "powersgd"] + (["bf16"] if BF16_HOOK else []))
 def test_ddp_comm_hooks_match_gloo(name, tmp_path):
     _compare_training(tmp_path, body_ddp_hook, name, rtol=1e-4, atol=1e-5)
 
@@ -443,3 +452,76 @@ def body_ddp_sparse_embedding(rank, world, out_dir):
 
 def test_ddp_sparse_embedding_matches_gloo(tmp_path):
     _compare_training(tmp_path, body_ddp_sparse_embedding, rtol=1e-5, atol=1e-6)
+
+
+def _coalesced(async_ops, calls):
+    """Makes each of `calls` inside one dist._coalescing_manager, then waits for them."""
+    with dist._coalescing_manager(async_ops=async_ops) as cm:
+        for call in calls:
+            call()
+    if async_ops:
+        cm.wait()
+
+
+def body_coalescing_manager(rank, world, async_ops):
+    # PyTorch 2.x's fast path: all-reduces, all_gather_into_tensor and reduce_scatter_tensor called
+    # inside the manager go to the backend as one coalesced call each.
+    total = world * (world + 1) // 2
+    sizes = [1, 7, 31]
+    ts = [torch.full((n,), float(rank + 1 + i)) for i, n in enumerate(sizes)]
+    _coalesced(async_ops, [lambda t=t: dist.all_reduce(t) for t in ts])
+    for i, (t, n) in enumerate(zip(ts, sizes)):
+        assert torch.equal(t, torch.full((n,), float(total + world * i))), (i, t)
+
+    ins = [torch.arange(n, dtype=torch.float32) + 100 * rank for n in sizes]
+    outs = [torch.empty(n * world) for n in sizes]
+    _coalesced(async_ops, [lambda o=o, i=i: dist.all_gather_into_tensor(o, i) for o, i in zip(outs, ins)])
+    for o, n in zip(outs, sizes):
+        assert torch.equal(o, torch.cat([torch.arange(n, dtype=torch.float32) + 100 * r for r in range(world)])), o
+
+    ins = [torch.arange(n * world, dtype=torch.float32) * (rank + 1) for n in sizes]
+    outs = [torch.empty(n) for n in sizes]
+    _coalesced(async_ops, [lambda o=o, i=i: dist.reduce_scatter_tensor(o, i) for o, i in zip(outs, ins)])
+    for o, n in zip(outs, sizes):
+        assert torch.equal(o, torch.arange(n * world, dtype=torch.float32).narrow(0, rank * n, n) * total), o
+
+
+@pytest.mark.skipif(TORCH_MAJOR < 2, reason="dist._coalescing_manager's fast path is PyTorch 2.x's")
+@pytest.mark.parametrize("async_ops", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", [2, 3])
+def test_coalescing_manager(backend, world, async_ops):
+    harness.run(body_coalescing_manager, world, async_ops, backend=backend)
+
+
+def body_collectives_timing(rank, world):
+    pg = dist.distributed_c10d._get_default_group()
+    pg._enable_collectives_timing()
+    works = [dist.all_reduce(torch.ones(1 << 16), async_op=True), dist.broadcast(torch.ones(8), 0, async_op=True)]
+    for w in works:
+        w.wait()
+        assert 0.0 <= w._get_duration() < 60000.0, w._get_duration()
+
+
+# Loom only: Gloo (2.6) takes _enable_collectives_timing() but its Works then answer _get_duration()
+# with "This Backend doesn't support getDuration".
+@pytest.mark.skipif(TORCH_MAJOR < 2, reason="ProcessGroup._enable_collectives_timing is PyTorch 2.x's")
+def test_collectives_timing():
+    harness.run(body_collectives_timing, 2)
+
+
+def body_new_subgroups(rank, world):
+    # Equal subgroups of two consecutive ranks each, as model-parallel code builds them.
+    group, groups = dist.new_subgroups(group_size=2)
+    assert len(groups) == world // 2
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=group)
+    first = rank - rank % 2
+    assert t.item() == first + first + 1, t
+    dist.barrier()
+
+
+@pytest.mark.skipif(TORCH_MAJOR < 2, reason="PyTorch 1.13's new_subgroups refuses to run without CUDA, on every backend")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_new_subgroups(backend):
+    harness.run(body_new_subgroups, 4, backend=backend)

@@ -44,11 +44,15 @@ def test_multiprocessing_spawn():
     check(run([PYTHON, EXAMPLE, "--spawn", "2"], {"MASTER_PORT": str(harness.free_port())}))
 
 
-def test_torchrun():
+def torchrun(nproc):
+    """torchrun's command line for `nproc` local ranks, before the script."""
     # Debian's torchrun needs --redirects/--tee on Python 3.11 (see ../shared/MACHINE-NOTES.md)
-    out = run([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(harness.free_port()), "--redirects", "2", "--tee", "1", EXAMPLE])
-    check(out)
+    return [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+            str(harness.free_port()), "--redirects", "2", "--tee", "1"]
+
+
+def test_torchrun():
+    check(run(torchrun(2) + [EXAMPLE]))
 
 
 def start_ranks(n, variables):
@@ -94,6 +98,9 @@ def test_mpirun():
 
 
 def test_srun():
+    if os.environ.get("LOOM_TORCH2_ENV"):
+        pytest.skip("inside tools/torch2-env: Slurm's daemons belong to the host, whose suite runs srun (the launcher "
+                    "detection is the same code on both PyTorch versions, and srun's variables are tested here)")
     if os.geteuid() != 0:
         pytest.skip("tools/slurm-local starts Slurm's daemons, which needs root")
     setup = subprocess.run([os.path.join(harness.REPO, "tools", "slurm-local"), "start"], stdout=subprocess.PIPE,
@@ -110,8 +117,7 @@ def ddp_run(launcher, backend, tmp_path):
     ck = str(tmp_path / ("%s.pt" % backend))
     args = [DDP_EXAMPLE, "--epochs", "2", "--backend", backend, "--checkpoint", ck]
     if launcher == "torchrun":
-        out = run([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                   str(harness.free_port()), "--redirects", "2", "--tee", "1"] + args)
+        out = run(torchrun(2) + args)
     else:
         out = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH",
                    "-x", "OMP_NUM_THREADS", PYTHON] + args)

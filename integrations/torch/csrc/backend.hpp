@@ -102,8 +102,24 @@ class ProcessGroupLoom : public BackendBase {
   /// plus one for each collective called since.
   void setSequenceNumberForGroup() override;
   uint64_t getSequenceNumberForGroup() override;
-  /// Counts a collective call (not point-to-point) for the sequence number.
-  void countCollective() { calls_.fetch_add(1, std::memory_order_relaxed); }
+  /// Counts a collective call (not point-to-point) for the sequence number; returns the count.
+  uint64_t countCollective() { return calls_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+#if TORCH_VERSION_MAJOR >= 2
+  /// PyTorch 2.x (dist._coalescing_manager, FSDP): output i is the all-gather of input i, all pairs
+  /// in one Loom all-gather (coalesced.cc).
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  /// PyTorch 2.x: output i is this rank's share of the reduction of input i, all pairs in one Loom
+  /// reduce-scatter (one dtype for all).
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  /// Works started from now on know their duration (work.get_duration(), in milliseconds).
+  void enableCollectivesTiming() override { timing_.store(true, std::memory_order_relaxed); }
+#endif
+  bool collectivesTimed() const { return timing_.load(std::memory_order_relaxed); }
 
  private:
   /// All-reduce (sum) of a sparse COO tensor, as Gloo does it (sparse.cc): every rank's indices and
@@ -115,6 +131,7 @@ class ProcessGroupLoom : public BackendBase {
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> calls_{0};    // collectives called
   std::atomic<uint64_t> seqBase_{0};  // setSequenceNumberForGroup's start, less the calls then
+  std::atomic<bool> timing_{false};   // enableCollectivesTiming() was called
 };
 
 /// The factory torch.distributed calls (through loom_torch's register_backend).

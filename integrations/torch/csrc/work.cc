@@ -89,6 +89,8 @@ void LoomWork::complete(std::exception_ptr error) {
   }
   finisher_ = nullptr;
   keepAlive_.clear();
+  durationNs_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started_).count());
   finish(error);  // completes the Work and wakes its waiters
   auto completeFuture = [future = future_, error, outputs = outputs_]() {
     try {
@@ -160,6 +162,17 @@ bool LoomWork::wait(std::chrono::milliseconds timeout) {
   if (exception_) std::rethrow_exception(exception_);
   return true;
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+float LoomWork::getDuration() const {
+  TORCH_CHECK(timed_,
+              "loom: this Work has no duration: call the group's _enable_collectives_timing() before the "
+              "operation");
+  const int64_t ns = durationNs_.load();
+  TORCH_CHECK(ns >= 0, "loom: the Work's duration is known once it completes");
+  return static_cast<float>(ns / 1e6);
+}
+#endif
 
 c10::intrusive_ptr<c10::ivalue::Future> LoomWork::getFuture() {
   std::lock_guard<std::mutex> lock(futureMutex_);

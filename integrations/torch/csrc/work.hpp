@@ -6,7 +6,10 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <torch/version.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <loom/loom.hpp>
@@ -32,6 +35,12 @@ class LoomWork : public c10d::Work {
 
   /// For receives: the operation must move exactly `bytes` (a shorter message fails the Work).
   void expectBytes(size_t bytes) { expectBytes_ = bytes; }
+  /// The collective's sequence number in its group (0 for point-to-point), and whether the Work
+  /// keeps its duration (the group's enableCollectivesTiming()).
+  void stamp(uint64_t sequence, bool timed) {
+    sequence_ = sequence;
+    timed_ = timed;
+  }
 
   /// For receives: the rank the message came from (a receive from any source: the sender).
   int sourceRank() const override;
@@ -44,6 +53,11 @@ class LoomWork : public c10d::Work {
   /// Loom's progress from this thread; throws what the operation failed with.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+#if TORCH_VERSION_MAJOR >= 2
+  /// Milliseconds from the call to completion, once complete; only where timing was enabled.
+  float getDuration() const override;
+  uint64_t getSequencenumber() const override { return sequence_; }
+#endif
 
  private:
   void complete(std::exception_ptr error);
@@ -56,6 +70,10 @@ class LoomWork : public c10d::Work {
   std::mutex futureMutex_;     // orders getFuture() against completion
   bool futureHanded_ = false;  // getFuture() was called: callbacks may be chained on the Future
   size_t expectBytes_ = SIZE_MAX;
+  uint64_t sequence_ = 0;
+  bool timed_ = false;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::atomic<int64_t> durationNs_{-1};  // set on completion
 };
 
 }  // namespace loom_torch
