@@ -216,7 +216,8 @@ loomResult_t loomSend(const void* sendbuff, size_t count, loomDataType_t datatyp
                       loomStream_t stream);
 
 /** The peer of a receive from any rank (this one included): the earliest message from whichever
- * rank, in arrival order (each rank's in the order it sent them). Host buffers only. */
+ * rank, in arrival order (each rank's in the order it sent them). Device buffers are staged through
+ * host memory. */
 #define LOOM_ANY_SOURCE (-1)
 
 /** Receives count elements from peer (or LOOM_ANY_SOURCE). A larger incoming message is an error,
@@ -224,7 +225,7 @@ loomResult_t loomSend(const void* sendbuff, size_t count, loomDataType_t datatyp
 loomResult_t loomRecv(void* recvbuff, size_t count, loomDataType_t datatype, int peer, loomComm_t comm,
                       loomStream_t stream);
 
-/** Receives up to count elements from any rank into host memory, as loomRecv with LOOM_ANY_SOURCE,
+/** Receives up to count elements from any rank, as loomRecv with LOOM_ANY_SOURCE (blocking),
  * and says who sent them (*source) and how many elements came (*received; either may be NULL).
  * Not inside a group. */
 loomResult_t loomRecvAny(void* recvbuff, size_t count, loomDataType_t datatype, loomComm_t comm, int* source,

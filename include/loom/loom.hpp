@@ -195,7 +195,8 @@ class CommImpl;
 }  // namespace detail
 
 /// The peer of a receive from any rank (this one included): it takes the earliest message on its
-/// tag from whichever rank, and Work::source() names that rank (MPI_ANY_SOURCE). Host buffers only.
+/// tag from whichever rank, and Work::source() names that rank (MPI_ANY_SOURCE). Into device
+/// buffers too, staged through host memory (which link the message comes by is known only then).
 constexpr int kAnySource = -1;
 
 /// One send or receive of Communicator::igroup.
@@ -290,7 +291,7 @@ class Communicator {
   /// the matching send) with InvalidUsage; a smaller one is accepted, Work::bytes() tells.
   /// `peer` kAnySource takes the earliest message on `tag` from any rank, in arrival order
   /// (each rank's own messages in the order it sent them; against receives named for one rank,
-  /// the one posted first takes a message); Work::source() names the sender. Host buffers only.
+  /// the one posted first takes a message); Work::source() names the sender.
   Work irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);
   /// Blocking forms (on device buffers they return once the operation is queued on the stream).
   void send(const void* buf, size_t count, DataType type, int peer, uint32_t tag = 0, void* cudaStream = nullptr);

@@ -216,14 +216,14 @@ RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)
   return done;
 }
 
-RequestPtr CommImpl::submitUnnumbered(const std::string& what, std::function<size_t()> body) {
+RequestPtr CommImpl::submitUnnumbered(const std::string& what, std::function<size_t(Request& done)> body) {
   checkOk();
   auto done = std::make_shared<Request>(rank_, -1, what, timeout_, failure_);
   done->setQueue(progress_);
   Request* d = done.get();  // the queue's item holds `done` while this runs
   queue_->submit(done, [this, d, body = std::move(body)] {
     AttendScope attend(progress_);
-    d->complete(body());  // before the queue's own completion (with 0), which is then a no-op
+    d->complete(body(*d));  // before the queue's own completion (with 0), which is then a no-op
   });
   return done;
 }

@@ -74,8 +74,8 @@ class CommImpl : public Progressable, public coll::CommView {
   RequestPtr submit(const std::string& what, std::function<void(int64_t seq)> body, uint64_t sig = 0, int64_t seqs = 1);
   /// Queues `body` behind the collectives called before it, without a sequence number: for device
   /// point-to-point, which not every rank takes part in, so it must not number calls. The request
-  /// completes with the bytes `body` returns.
-  RequestPtr submitUnnumbered(const std::string& what, std::function<size_t()> body);
+  /// completes with the bytes `body` returns; `body` may set what else it reports (its source).
+  RequestPtr submitUnnumbered(const std::string& what, std::function<size_t(Request& done)> body);
   /// Runs a collective and waits for it: inline when the queue is idle (no allocation), else
   /// queued behind the calls in flight (`body` is then copied into the queue).
   template <typename Body>

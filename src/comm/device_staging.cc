@@ -235,14 +235,19 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
   rt->prepare(dev);
   std::shared_ptr<DeviceState> st = stateOf(c, *rt);
   device::EventHandle ready = rt->recordEvent(stream);
-  std::string what = ops.size() == 1
-                         ? strFormat("device %s rank %d", ops[0].send ? "send to" : "recv from", ops[0].peer)
-                         : strFormat("device group of %zu sends and receives", ops.size());
-  // Where every peer's link takes device buffers (GPUDirect RDMA), they go to it as they are.
+  std::string what = ops.size() != 1 ? strFormat("device group of %zu sends and receives", ops.size())
+                     : ops[0].peer == kAnySource
+                         ? std::string("device recv from any rank")
+                         : strFormat("device %s rank %d", ops[0].send ? "send to" : "recv from", ops[0].peer);
+  // Where every peer's link takes device buffers (GPUDirect RDMA), they go to it as they are. A
+  // receive from any source is staged: which link its message comes by is known only then.
   bool direct = true;
-  for (const auto& op : ops) direct = direct && op.peer != c.rank() && c.link(op.peer).deviceBuffers;
+  for (const auto& op : ops)
+    direct = direct && op.peer != kAnySource && op.peer != c.rank() && c.link(op.peer).deviceBuffers;
+  // A single receive reports its sender (for kAnySource, known once matched), as on host buffers.
+  const bool single = ops.size() == 1 && !ops[0].send;
   if (direct) {
-    auto inPlace = [&c, st, ops, dev, ready]() {
+    auto inPlace = [&c, st, ops, dev, ready, single](detail::Request& done) {
       awaitInput(st->rt(), ready, dev, c, "the work queued on the stream before a device send/recv");
       std::vector<RequestPtr> reqs(ops.size());
       for (int pass = 0; pass < 2; ++pass)
@@ -257,11 +262,12 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
         reqs[i]->wait();
         if (!ops[i].send) received += reqs[i]->bytes();
       }
+      if (single) done.setSource(reqs[0]->source());
       return received;
     };
     return holdStream(*rt, st, stream, ready, [&] { return c.submitUnnumbered(what, inPlace); });
   }
-  auto body = [&c, st, ops, dev, ready]() {
+  auto body = [&c, st, ops, dev, ready, single](detail::Request& done) {
     device::DeviceRuntime& rt = st->rt();
     awaitInput(rt, ready, dev, c, "the work queued on the stream before a device send/recv");
     DeviceState::Streams& cs = st->streams(dev);
@@ -293,6 +299,7 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
         received += reqs[i]->bytes();
       }
     settle(cs.h2d, "a staged copy to the device");
+    if (single) done.setSource(reqs[0]->source());
     return received;
   };
   return holdStream(*rt, st, stream, ready, [&] { return c.submitUnnumbered(what, body); });

@@ -58,9 +58,7 @@ Work Communicator::igroup(const std::vector<PointToPoint>& ops, void* stream) {
   auto& c = live(*this);
   c.checkOk();
   int dev = -2;
-  bool anySource = false;
   for (const auto& op : ops) {
-    anySource = anySource || (!op.send && op.peer == kAnySource);
     if (op.send || op.peer != kAnySource) c.checkPeer(op.peer, op.send ? "send" : "recv");
     const int d = locate(c, op, stream);
     if (dev != -2 && d != dev) {
@@ -68,10 +66,6 @@ Work Communicator::igroup(const std::vector<PointToPoint>& ops, void* stream) {
                  "group of sends and receives: a mix of host and device buffers; pass all host or all device buffers");
     }
     dev = d;
-  }
-  if (dev >= 0 && anySource) {
-    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
-               "recv from any source (kAnySource) takes host buffers; name the peer for a receive into device memory");
   }
   if (dev >= 0) return coll::launchPointToPointOnDevice(c, ops, dev, stream);
   // Receives first, then sends: every receive is posted before a large send needs it.

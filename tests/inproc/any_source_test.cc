@@ -2,8 +2,9 @@
 // loomtest::kConformanceLinks, ranks as threads: the earliest message on the tag from whichever
 // rank (this one included), each rank's messages in the order it sent them, the earliest-posted of
 // a receive from any source and one named for the sender taking a message, eager and announced
-// messages, messages that arrived before the receive and after it, the sender reported, and the
-// errors (too small a receive, a communicator that fails, device buffers).
+// messages, messages that arrived before the receive and after it, the sender reported, into
+// device buffers (the emulated device), and the errors (too small a receive, a communicator that
+// fails).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "comm/comm_impl.hpp"
+#include "common/fake_device.hpp"
 #include "common/ranks.hpp"
+#include "device/runtime.hpp"
 
 using loom::DataType;
 using loom::kAnySource;
@@ -179,8 +182,51 @@ TEST_P(AnySource, ItsOwnRankAndTooSmallAReceive) {
   });
 }
 
+// Into device memory, on the stream: each receive takes one rank's message, staged through host
+// memory, and names its sender; a single named device receive names its peer.
+TEST(AnySourceDevice, ReceivesIntoDeviceBuffersAndNamesTheSender) {
+  loomtest::FakeDevice dev;
+  loom::device::setRuntimeForTesting(&dev);
+  const size_t count = 100003;
+  runOk(4, [&](loom::Communicator& c) {
+    void* s = dev.createStream();
+    auto* buf = static_cast<int32_t*>(dev.alloc(3 * count * 4));
+    if (c.rank() != 0) {
+      std::vector<int32_t> out = message(c.rank(), 0, count);
+      std::copy(out.begin(), out.end(), buf);
+      c.send(buf, count, DataType::Int32, 0, 6, s);
+      c.send(buf, 10, DataType::Int32, 0, 7, s);
+    } else {
+      std::vector<loom::Work> works;
+      for (int k = 0; k < 3; ++k) works.push_back(c.irecv(buf + k * count, count, DataType::Int32, kAnySource, 6, s));
+      std::vector<int> from;
+      for (int k = 0; k < 3; ++k) {
+        works[static_cast<size_t>(k)].wait();
+        const int src = works[static_cast<size_t>(k)].source();
+        from.push_back(src);
+        ASSERT_TRUE(src >= 1 && src <= 3) << src;
+        dev.synchronize(s);
+        std::vector<int32_t> got(buf + k * count, buf + (k + 1) * count);
+        EXPECT_TRUE(holds(got, src, 0, count)) << "receive " << k << " from rank " << src;
+      }
+      std::sort(from.begin(), from.end());
+      EXPECT_EQ(from, (std::vector<int>{1, 2, 3}));
+      for (int peer = 1; peer < 4; ++peer) {
+        loom::Work w = c.irecv(buf, 10, DataType::Int32, peer, 7, s);
+        w.wait();
+        EXPECT_EQ(w.source(), peer);
+      }
+    }
+    dev.synchronize(s);
+    dev.free(buf);
+    dev.destroyStream(s);
+  });
+  EXPECT_EQ(dev.ruleBreaks(), 0) << dev.ruleBreakReport();
+  loom::device::setRuntimeForTesting(nullptr);
+}
+
 // A receive from any source that no message comes for fails when the communicator does, saying
-// what it was; device buffers are refused at once.
+// what it was.
 TEST(AnySourceErrors, APendingReceiveFailsWithItsCommunicatorAndSaysWhatItWas) {
   loomtest::TransportSetup links("tcp");
   loom::Options o;
