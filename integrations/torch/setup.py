@@ -15,11 +15,6 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 
 def pkg_config(what):
-    # LOOM_CFLAGS, LOOM_LIBS and LOOM_VERSION, where set, stand for pkg-config's answers (a build in
-    # another root whose pkg-config lacks the .pc files of Loom's dependencies: tools/torch2-env).
-    given = os.environ.get({"--cflags": "LOOM_CFLAGS", "--libs": "LOOM_LIBS", "--modversion": "LOOM_VERSION"}[what])
-    if given is not None:
-        return given.split()
     try:
         out = subprocess.check_output(["pkg-config", what, "loom"], text=True)
     except (OSError, subprocess.CalledProcessError) as e:
