@@ -176,13 +176,14 @@ void toError(Qp* q, bool notify, ibv_event_type event) {
     q->qp.state = IBV_QPS_ERR;
     sends.swap(q->sendQueue);
     recvs.swap(q->recvQueue);
-  }
-  // The event is raised as the queue pair enters the error state, before its work is flushed.
-  if (notify) {
-    ibv_async_event e{};
-    e.event_type = event;
-    e.element.qp = &q->qp;
-    postAsyncEvent(q->owner, e);
+    // The event is raised as the queue pair enters the error state, before its work is flushed,
+    // and under the lock: a post refused for the state must find the event already there.
+    if (notify) {
+      ibv_async_event e{};
+      e.event_type = event;
+      e.element.qp = &q->qp;
+      postAsyncEvent(q->owner, e);
+    }
   }
   for (const auto& w : sends) {
     ibv_wc wc{};

@@ -262,6 +262,12 @@ void IbTransport::dispatchAsync() noexcept {
     std::lock_guard<std::mutex> lock(asyncMu_);
     drainAsyncLocked();
     events.swap(stash_);
+    // Kept for adapterReason: a link may meet the consequence (a refused post) while its event
+    // is on its way to it here, and must still say why.
+    for (const ibv_async_event& e : events) {
+      if (said_.size() == kSaidKept) said_.pop_front();
+      said_.push_back(e);
+    }
   }
   for (const ibv_async_event& e : events) {
     std::vector<IbConnection*> hit;
@@ -281,6 +287,8 @@ std::string IbTransport::adapterReason(const IbConnection& c) noexcept {
   drainAsyncLocked();
   for (const ibv_async_event& e : stash_)
     if (isAbout(e, c)) return describeEvent(e);
+  for (auto e = said_.rbegin(); e != said_.rend(); ++e)
+    if (isAbout(*e, c)) return describeEvent(*e);
   return std::string();
 }
 

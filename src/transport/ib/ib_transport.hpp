@@ -20,6 +20,7 @@
 // and says why (LOOM_DEBUG=INFO, and in the error when it was the only one allowed).
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -75,6 +76,8 @@ class IbTransport : public Transport, private Registrar {
   std::unique_ptr<AsyncWatch> asyncWatch_;
   std::mutex asyncMu_;                  // after a link's lock, never before
   std::vector<ibv_async_event> stash_;  // read, not yet handed to the links
+  static constexpr size_t kSaidKept = 64;
+  std::deque<ibv_async_event> said_;  // the last kSaidKept handed to the links
   SideChannels side_;
   std::unique_ptr<RegistrationCache> cache_;
   GpuDirectChoice gpuDirect_;
