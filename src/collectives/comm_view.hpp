@@ -26,14 +26,16 @@ namespace coll {
 
 class Selector;
 
-/// Tags at or above kCollectiveTagBit (transport.hpp) belong to collectives; user tags stay below.
+/// Tags at or above kCollectiveTagBit (transport.hpp) belong to Loom; user tags stay below.
 /// A collective's tag also carries its channel (bits 28-30), so that the channels of one collective
-/// never match each other's messages, and the low 28 bits of its sequence number (collectives in
-/// flight at once are far fewer than 2^28 apart).
+/// never match each other's messages, and the low 27 bits of its sequence number (collectives in
+/// flight at once are far fewer than 2^27 apart). Bit 27 set: the acknowledgements of device
+/// sends through CUDA IPC (p2pAckTag), numbered by their sender.
 constexpr int kMaxChannels = 8;
 inline uint32_t collectiveTag(int64_t seq, int channel = 0) {
-  return kCollectiveTagBit | (static_cast<uint32_t>(channel) & 7u) << 28 | static_cast<uint32_t>(seq & 0x0fffffff);
+  return kCollectiveTagBit | (static_cast<uint32_t>(channel) & 7u) << 28 | static_cast<uint32_t>(seq & 0x07ffffff);
 }
+inline uint32_t p2pAckTag(uint32_t number) { return kCollectiveTagBit | 1u << 27 | (number & 0x07ffffff); }
 
 class CommView {
  public:

@@ -35,12 +35,14 @@ namespace {
 
 enum class Kind { AllReduce, Broadcast, AllGather };
 
-// What a rank's collective is, for the same-call check: its signature (core/signature.hpp).
-uint64_t callWord(Kind kind, const Args& a) {
+// What a rank's collective is, for the same-call check: its signature (core/signature.hpp), of
+// this part of it where the call is staged from device buffers in parts, marked as the call is.
+uint64_t callWord(const Context& c, Kind kind, const Args& a) {
   const SigKind k = kind == Kind::AllReduce   ? SigKind::AllReduce
                     : kind == Kind::Broadcast ? SigKind::Broadcast
                                               : SigKind::AllGather;
-  return makeSignature(k, a.type, a.op, a.root, a.count);
+  const uint64_t word = makeSignature(k, a.type, a.op, a.root, a.count);
+  return isOnDeviceBuffers(c.signature()) ? onDeviceBuffers(word) : word;
 }
 
 void publishCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
@@ -58,6 +60,13 @@ void checkSameCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint6
     const uint64_t b = d[1].load(std::memory_order_relaxed);
     const uint64_t w = d[2].load(std::memory_order_relaxed);
     if (seq == static_cast<uint64_t>(c.seq()) && b == bytes && w == word) continue;
+    // The calls the ranks published on entry say more where they can: a peer on another path
+    // (device buffers through CUDA IPC) wrote no record here.
+    if (Status m = c.comm().localCallMismatch(c.seq(), c.signature()); !m.ok) {
+      m.message = strFormat("%s #%lld (direct): %s", c.name(), static_cast<long long>(c.seq()), m.message.c_str());
+      c.comm().failureState()->fail(m);
+      throw m.toError(c.comm().rank());
+    }
     Status s = Status::error(
         ErrorCode::InvalidUsage,
         strFormat("%s #%lld (direct): rank %d is in collective #%llu, %s (%llu bytes), where this rank is in %s "
@@ -107,7 +116,7 @@ void allReduceDirect(Context& c, const Args& a) {
   if (total == 0) return;
   if (total <= small) {
     // Small: every rank reduces the whole buffer from all areas itself, in rank order.
-    smallExchange(c, ar, total, callWord(Kind::AllReduce, a), in, total, [&](size_t half) {
+    smallExchange(c, ar, total, callWord(c, Kind::AllReduce, a), in, total, [&](size_t half) {
       if (n == 1) {
         kernels::copy(out, ar.buffers[0] + half, total);
       } else {
@@ -122,7 +131,7 @@ void allReduceDirect(Context& c, const Args& a) {
   mine += largeAt;
   // Large calls describe themselves in a set of their own: a peer may still be checking the
   // small calls' sets while this rank has moved on.
-  publishCall(c, ar, total, callWord(Kind::AllReduce, a), 2);
+  publishCall(c, ar, total, callWord(c, Kind::AllReduce, a), 2);
   bool checked = false;
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t len = std::min(chunk, a.count - off);
@@ -134,7 +143,7 @@ void allReduceDirect(Context& c, const Args& a) {
     kernels::copy(mine + ownEnd * E, in + (off + ownEnd) * E, (len - ownEnd) * E);
     barrier(c, ar, ++step);
     if (!checked) {
-      checkSameCall(c, ar, total, callWord(Kind::AllReduce, a), 2);
+      checkSameCall(c, ar, total, callWord(c, Kind::AllReduce, a), 2);
       checked = true;
     }
     // 2. Reduce this rank's slice: its own input first, then every other area in rank order (one
@@ -201,7 +210,7 @@ void broadcastDirect(Context& c, const Args& a) {
   const bool root = c.rank() == a.root;
   const int rootIndex = static_cast<int>(std::find(ar.ranks.begin(), ar.ranks.end(), a.root) - ar.ranks.begin());
   const uint8_t* rootArea = ar.buffers[static_cast<size_t>(rootIndex)];
-  const uint64_t word = callWord(Kind::Broadcast, a);
+  const uint64_t word = callWord(c, Kind::Broadcast, a);
   if (total <= directSmallMaxBytes(ar.bytes)) {
     smallExchange(c, ar, total, word, root ? a.send : nullptr, root ? total : 0, [&](size_t half) {
       if (root) {
@@ -235,7 +244,7 @@ void allGatherDirect(Context& c, const Args& a) {
   if (block == 0) return;
   const uint8_t* in = cbytes(a.send);
   uint8_t* out = bytes(a.recv);
-  const uint64_t word = callWord(Kind::AllGather, a);
+  const uint64_t word = callWord(c, Kind::AllGather, a);
   if (block <= directSmallMaxBytes(ar.bytes)) {
     smallExchange(c, ar, block, word, a.send, block, [&](size_t half) {
       for (size_t p = 0; p < ar.buffers.size(); ++p) {

@@ -100,10 +100,11 @@ void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int6
 // CUDA IPC among the ranks of one node, else the staging path; both are stream-ordered and never
 // block the caller.
 Work launch(detail::CommImpl& c, Coll kind, Args a, void* stream, bool async) {
-  const uint64_t sig =
-      a.counts ? makeAllToAllvSignature(a.type)
-               : makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
+  uint64_t sig = a.counts
+                     ? makeAllToAllvSignature(a.type)
+                     : makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
   if (a.device >= 0) {
+    sig = onDeviceBuffers(sig);
     if (coll::deviceIpcUsable(c, kind, a.counts != nullptr)) return coll::launchOnDeviceIpc(c, kind, a, stream, sig);
     return coll::launchOnDevice(c, kind, a, stream, sig,
                                 [&c, kind, sig](const Args& h, int64_t seq) { runOnHost(c, kind, h, sig, seq); });

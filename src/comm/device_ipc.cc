@@ -1,6 +1,8 @@
 // Collectives on device buffers through CUDA IPC (see device_ipc.hpp).
 #include "comm/device_ipc.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "collectives/arena_sync.hpp"
 #include "comm/device_state.hpp"
 #include "core/format.hpp"
+#include "core/logging.hpp"
 #include "core/signature.hpp"
 #include "device/runtime.hpp"
 #include "transport/cuda_ipc/ipc_mem_cache.hpp"
@@ -39,6 +42,25 @@ static_assert(sizeof(Record) <= LocalArena::kDeviceRecordBytes, "a record fits i
 bool sharesSend(Coll kind, const Args& a, int rank) { return kind != Coll::Broadcast || rank == a.root; }
 bool sharesRecv(Coll kind, const Args& a, int rank) {
   return kind == Coll::AllReduce || (kind == Coll::Reduce && rank == a.root);
+}
+
+// The extent of this rank's input in bytes (what its peers may read of it).
+size_t inputBytes(Coll kind, const Args& a, size_t n) {
+  if (a.counts) {
+    const auto& v = *a.counts;  // send counts, send displacements, receive counts, receive displacements
+    size_t end = 0;
+    for (size_t p = 0; p < n; ++p) end = std::max(end, v[n + p] + v[p]);
+    return end * a.elem;
+  }
+  const bool blocks = kind == Coll::ReduceScatter || kind == Coll::AllToAll;
+  return (blocks ? n : 1) * a.count * a.elem;
+}
+
+// Said once per process: a pool buffer costs a device copy per call, which a user may want to know.
+void noteBounce(const Error& e) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  LOOM_INFO("device buffers that CUDA IPC cannot share go through a device copy (%s)", e.message().c_str());
 }
 
 // Fails the communicator with `s` (so that the peers waiting at a barrier learn it) and throws.
@@ -87,21 +109,40 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
     mine.bytes = a.count * E;
     mine.proc = cuda_ipc::thisProcess();
     mine.device = a.device;
-    auto share = [&](const void* p, uint64_t* ptr, device::IpcHandle* h) {
-      if (p == nullptr) return;
-      *ptr = reinterpret_cast<uintptr_t>(p);
-      *h = rt.ipcExport(p);
+    // Memory CUDA IPC cannot share (a cudaMallocAsync pool, cuMemCreate) is bounced through
+    // device scratch `slot` from cudaMalloc: an input copied in before the peers read it, an output
+    // copied out once they have written it. Returns the bounce, or nullptr where `p` is shared.
+    auto share = [&](const void* p, size_t bytes, int slot, bool input, uint64_t* ptr,
+                     device::IpcHandle* h) -> uint8_t* {
+      if (p == nullptr) return nullptr;
+      try {
+        *h = rt.ipcExport(p);
+        *ptr = reinterpret_cast<uintptr_t>(p);
+        return nullptr;
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::Cuda) throw;
+        noteBounce(e);
+      }
+      uint8_t* bounce = st.deviceScratch(slot, bytes);
+      if (input && bytes > 0) {
+        rt.copyAsync(bounce, p, bytes, work);
+        drain();
+      }
+      *h = rt.ipcExport(bounce);
+      *ptr = reinterpret_cast<uintptr_t>(bounce);
+      return bounce;
     };
     const void* input = a.send;
     if (kind == Coll::AllToAll && a.send == a.recv) {
       // In place: the peers read this rank's blocks while it overwrites them; they read a copy.
-      uint8_t* copy = st.deviceScratch(N * a.count * E);
+      uint8_t* copy = st.deviceScratch(0, N * a.count * E);
       rt.copyAsync(copy, a.send, N * a.count * E, work);
       drain();
       input = copy;
     }
-    if (sharesSend(kind, a, me)) share(input, &mine.sendPtr, &mine.send);
-    if (sharesRecv(kind, a, me)) share(a.recv, &mine.recvPtr, &mine.recv);
+    if (sharesSend(kind, a, me)) share(input, inputBytes(kind, a, N), 0, true, &mine.sendPtr, &mine.send);
+    uint8_t* outBounce = nullptr;
+    if (sharesRecv(kind, a, me)) outBounce = share(a.recv, a.count * E, 1, false, &mine.recvPtr, &mine.recv);
     if (a.counts) {
       mine.nCounts = static_cast<uint32_t>(N);
       for (size_t p = 0; p < N; ++p) {
@@ -119,6 +160,12 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
     for (size_t p = 0; p < N; ++p) {
       const Record& r = recs[p];
       if (p == ME || (r.seq == mine.seq && r.sig == mine.sig && r.bytes == mine.bytes)) continue;
+      // The calls the ranks published on entry say more where they can: a peer on the host path
+      // wrote no device record.
+      if (Status m = comm.localCallMismatch(seq, sig); !m.ok) {
+        m.message = label + ": " + m.message;
+        fail(ctx, m);
+      }
       fail(ctx,
            Status::error(ErrorCode::InvalidUsage,
                          strFormat("%s: rank %zu is in collective #%llu, %s (%llu bytes), where this rank is in "
@@ -145,7 +192,7 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
       sendOf[p] = resolve(p, recs[p].sendPtr, recs[p].send);
       recvOf[p] = resolve(p, recs[p].recvPtr, recs[p].recv);
     }
-    auto* out = static_cast<uint8_t*>(a.recv);
+    auto* out = outBounce != nullptr ? outBounce : static_cast<uint8_t*>(a.recv);
     const int divisor = a.op == ReduceOp::Avg ? n : 1;
     std::vector<const void*> srcs(N);
 
@@ -218,6 +265,11 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
         barrier(ctx, ar, ++step);
         break;
       }
+    }
+    // After the last barrier no peer touches the bounce any more.
+    if (outBounce != nullptr) {
+      rt.copyAsync(a.recv, outBounce, a.count * E, work);
+      drain();
     }
   } catch (const Error&) {
     // A rank that gives up mid-exchange must not leave its peers waiting at a barrier.

@@ -57,12 +57,5 @@ int locateBuffers(const detail::CommImpl& c, std::initializer_list<const void*> 
 using HostRun = std::function<void(const Args& hostArgs, int64_t seq)>;
 Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig, const HostRun& run);
 
-/// Queues the sends and receives `ops` on device buffers (all on device `dev`) ordered on
-/// `stream`, behind the communicator's earlier collectives, posted together, receives first:
-/// handed to the links as they are where every peer's link takes device buffers
-/// (LinkProperties::deviceBuffers: GPUDirect RDMA), else staged through pinned host memory (sends
-/// copied out first, receives copied back after).
-Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPoint>& ops, int dev, void* stream);
-
 }  // namespace coll
 }  // namespace loom

@@ -50,7 +50,7 @@ DeviceState::~DeviceState() {
     rt_.destroyStream(s.h2d);
   }
   for (auto& slot : slots_) rt_.freePinned(slot.mem);
-  rt_.freeDevice(scratch_.mem);
+  for (auto& scratch : scratch_) rt_.freeDevice(scratch.mem);
   for (auto& [mem, pinned] : retired_) pinned ? rt_.freePinned(mem) : rt_.freeDevice(mem);
 }
 
@@ -93,7 +93,9 @@ uint8_t* DeviceState::grow(Slot& s, size_t bytes, bool pinned) {
 
 uint8_t* DeviceState::slot(int i, size_t bytes) { return grow(slots_[static_cast<size_t>(i)], bytes, true); }
 
-uint8_t* DeviceState::deviceScratch(size_t bytes) { return grow(scratch_, bytes, false); }
+uint8_t* DeviceState::deviceScratch(int i, size_t bytes) {
+  return grow(scratch_[static_cast<size_t>(i)], bytes, false);
+}
 
 std::shared_ptr<DeviceState> stateOf(detail::CommImpl& c, device::DeviceRuntime& rt) { return c.deviceState(rt); }
 

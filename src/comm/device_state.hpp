@@ -9,6 +9,7 @@
 //    and failure checks.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -51,9 +52,13 @@ class DeviceState {
   Streams& streams(int dev);
   /// Pinned slot `i` (0 to 2) of at least `bytes` (op queue's thread only).
   uint8_t* slot(int i, size_t bytes);
-  /// Device memory of at least `bytes` on the current device (op queue's thread only; grows,
-  /// freed with the state): where an in-place all-to-all keeps its input while peers read it.
-  uint8_t* deviceScratch(size_t bytes);
+  /// The number of this rank's next device send through CUDA IPC: its acknowledgement's tag.
+  uint32_t nextAckNumber() { return acks_.fetch_add(1, std::memory_order_relaxed); }
+  /// Device scratch `i` (0 or 1) of at least `bytes` on the current device (op queue's thread
+  /// only; grows, freed with the state), from cudaMalloc and so shareable through CUDA IPC: where an
+  /// in-place all-to-all keeps its input while peers read it, and where a buffer from a
+  /// stream-ordered pool, which CUDA IPC cannot share, is bounced.
+  uint8_t* deviceScratch(int i, size_t bytes);
 
  private:
   struct Slot {
@@ -69,7 +74,8 @@ class DeviceState {
   uint32_t issued_ = 0, released_ = 0;
   std::map<int, Streams> streams_;
   Slot slots_[3];
-  Slot scratch_;
+  Slot scratch_[2];
+  std::atomic<uint32_t> acks_{0};
   std::vector<std::pair<void*, bool>> retired_;  // outgrown blocks (pinned?), freed with the state
 };
 

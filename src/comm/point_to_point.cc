@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "comm/comm_impl.hpp"
+#include "comm/device_p2p.hpp"
 #include "comm/device_staging.hpp"
 #include "core/format.hpp"
 

@@ -202,6 +202,10 @@ class Request {
   int source() const { return source_.load(std::memory_order_acquire); }
   /// Set by the link that matches a receive from any source, before it completes it.
   void setSource(int rank) { source_.store(rank, std::memory_order_release); }
+  /// For a device receive from any source (kDeviceAnySourceRecv): the mark of the message it took,
+  /// a CUDA IPC descriptor or plain bytes (0); set by the link before it completes it.
+  uint64_t matchedSignature() const { return matchedSig_.load(std::memory_order_acquire); }
+  void setMatchedSignature(uint64_t sig) { matchedSig_.store(sig, std::memory_order_release); }
   std::string what() const { return label_ ? label_->format(peer_) : what_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// For a collective's completion on the op queue: lets wait() run the queued ops itself
@@ -228,6 +232,7 @@ class Request {
   const int rank_;
   const int peer_;
   std::atomic<int> source_;
+  std::atomic<uint64_t> matchedSig_{0};
   const std::string what_;
   const std::optional<Label> label_;
   const std::chrono::milliseconds timeout_;

@@ -5,8 +5,10 @@
 // all_reduce of 1024 float32 (sum)"), instead of a hang or silently mixed data. The check costs
 // no message and no round trip. Zero means "not a collective" and matches anything.
 //
-// Layout (high to low): kind 3 bits, datatype 4, op 3, root 18, count 36 (saturating: counts
-// beyond 2^36 elements compare equal there, and the byte counts still differ).
+// Layout (high to low): kind 3 bits, datatype 4, op 3, root 18, device buffers 1, count 35
+// (saturating: counts beyond 2^35 elements compare equal there, and the byte counts still differ).
+// The device bit makes a rank that passes device buffers where its peers pass host memory fail at
+// the first message or shared-memory check, on both sides, instead of at the timeout.
 #pragma once
 
 #include <cstddef>
@@ -37,8 +39,25 @@ uint64_t makeSignature(SigKind kind, DataType type, ReduceOp op, int root, size_
 /// the kind (all-to-all, marked variable) and the datatype are compared.
 uint64_t makeAllToAllvSignature(DataType type);
 
-/// Whether a message with `theirs` may complete a receive posted with `mine`.
-inline bool signaturesAgree(uint64_t mine, uint64_t theirs) { return mine == 0 || theirs == 0 || mine == theirs; }
+/// `sig` marked as a call on device buffers (0 stays 0), and whether it is so marked.
+uint64_t onDeviceBuffers(uint64_t sig);
+bool isOnDeviceBuffers(uint64_t sig);
+
+/// Marks of the point-to-point messages of device send/recv through CUDA IPC (comm/device_p2p.cc):
+/// kind 0 like every point-to-point message, but not 0, so that a host receive never takes a
+/// descriptor as data, nor a device receive host bytes as a descriptor.
+constexpr uint64_t kDeviceIpcMessage = uint64_t{1} << 35;         ///< a device send's descriptor
+constexpr uint64_t kDeviceIpcAck = kDeviceIpcMessage | 1;         ///< its receiver's acknowledgement
+constexpr uint64_t kDeviceAnySourceRecv = kDeviceIpcMessage | 2;  ///< a device receive from any source
+inline bool isMarkedMessage(uint64_t sig) { return sig != 0 && (sig >> 61) == 0; }
+
+/// Whether a message with `theirs` may complete a receive posted with `mine`. A device receive
+/// from any source takes a descriptor or plain bytes (Request::matchedSignature says which).
+inline bool signaturesAgree(uint64_t mine, uint64_t theirs) {
+  if (mine == kDeviceAnySourceRecv) return theirs == 0 || theirs == kDeviceIpcMessage;
+  if (isMarkedMessage(mine) || isMarkedMessage(theirs)) return mine == theirs;
+  return mine == 0 || theirs == 0 || mine == theirs;
+}
 
 /// "all_reduce of 1024 float32 (sum)", "broadcast of 7 int8 from rank 3", "barrier".
 std::string describeSignature(uint64_t sig);

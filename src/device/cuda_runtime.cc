@@ -219,8 +219,7 @@ class CudaRuntime final : public DeviceRuntime {
       (void)cudaGetLastError();
       LOOM_THROW(ErrorCode::Cuda, -1,
                  strFormat("cudaIpcGetMemHandle failed for the allocation holding %p: %s (%s); memory from "
-                           "cudaMallocAsync pools or cuMemCreate cannot be shared this way: use cudaMalloc'd buffers "
-                           "or set LOOM_TRANSPORT=^cuda_ipc",
+                           "cudaMallocAsync pools or cuMemCreate cannot be shared this way",
                            p, cudaGetErrorString(e), cudaGetErrorName(e)));
     }
     IpcHandle out;

@@ -74,8 +74,9 @@ void FakeDevice::run(Stream* st) {
   }
 }
 
-void* FakeDevice::alloc(size_t bytes) {
+void* FakeDevice::alloc(size_t bytes, bool pooled) {
   Alloc a;
+  a.pooled = pooled;
   static std::atomic<uint64_t> serials{0};
   a.serial = ++serials;
   a.bytes = bytes == 0 ? 1 : bytes;
@@ -256,6 +257,10 @@ loom::device::IpcHandle FakeDevice::ipcExport(const void* p) {
     fail("ipcExport of memory it did not allocate");
   }
   --it;
+  if (it->second.pooled) {
+    errno = EINVAL;  // cudaIpcGetMemHandle on a pool's memory: cudaErrorInvalidValue
+    fail("ipcExport of memory from a stream-ordered pool");
+  }
   FakeHandle f{};
   std::memcpy(f.magic, kMagic, sizeof(kMagic));
   f.pid = static_cast<int32_t>(getpid());
@@ -370,6 +375,7 @@ void FakeDevice::destroyEvent(loom::device::EventHandle e) noexcept {
 void FakeDevice::copyAsync(void* dst, const void* src, size_t bytes, loom::device::StreamHandle s) {
   if (bytes == 0) return;
   copies_++;
+  if (deviceOf(dst) < 0 || deviceOf(src) < 0) hostCopies_++;
   enqueue(s, [dst, src, bytes] { std::memmove(dst, src, bytes); });
 }
 
@@ -377,6 +383,7 @@ void FakeDevice::copy2DAsync(void* dst, size_t dstPitch, const void* src, size_t
                              loom::device::StreamHandle s) {
   if (width == 0 || rows == 0) return;
   copies_++;
+  if (deviceOf(dst) < 0 || deviceOf(src) < 0) hostCopies_++;
   enqueue(s, [=] {
     for (size_t r = 0; r < rows; ++r)
       std::memmove(static_cast<uint8_t*>(dst) + r * dstPitch, static_cast<const uint8_t*>(src) + r * srcPitch, width);

@@ -28,8 +28,9 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   ~FakeDevice() override;
 
   // ---- What tests use. ----
-  /// "Device memory" of `bytes` (filled with 0xA5), recognised by deviceOf until freed.
-  void* alloc(size_t bytes);
+  /// "Device memory" of `bytes` (filled with 0xA5), recognised by deviceOf until freed. `pooled`:
+  /// as from a stream-ordered pool (cudaMallocAsync), which ipcExport refuses as CUDA does.
+  void* alloc(size_t bytes, bool pooled = false);
   void free(void* p);
   /// Queues `fn` on stream `s` (a "kernel"): it runs after everything queued before it.
   void launch(loom::device::StreamHandle s, std::function<void()> fn);
@@ -47,6 +48,8 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   int reductions() const { return reductions_.load(); }
   /// Copies queued (copyAsync, copy2DAsync): staging through host memory makes them.
   int copies() const { return copies_.load(); }
+  /// Those of them to or from host memory: staging (device to device copies are not counted).
+  int hostCopies() const { return hostCopies_.load(); }
   /// dma-buf files handed out by exportDmabuf.
   int dmabufExports() const { return dmabufExports_.load(); }
   /// What dmabufSupported says (true: as on a GPU and kernel that export dma-bufs).
@@ -116,11 +119,12 @@ class FakeDevice final : public loom::device::DeviceRuntime {
     size_t bytes = 0;
     int fd = -1;  // the memfd behind it
     uint64_t serial = 0;
+    bool pooled = false;
   };
   std::mutex mu_;
   std::map<uintptr_t, Alloc> allocs_;  // start -> allocation
   std::map<void*, size_t> opened_;     // ipcOpen mappings -> bytes
-  std::atomic<int> opens_{0}, closes_{0}, exports_{0}, reductions_{0}, copies_{0}, dmabufExports_{0};
+  std::atomic<int> opens_{0}, closes_{0}, exports_{0}, reductions_{0}, copies_{0}, hostCopies_{0}, dmabufExports_{0};
   std::map<void*, std::shared_ptr<std::atomic<bool>>> events_;
   std::unique_ptr<Stream> default_;
   std::vector<std::unique_ptr<Stream>> streams_;

@@ -42,6 +42,21 @@ INSTANTIATE_TEST_SUITE_P(Links, GpuMatrix,
                            return std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param);
                          });
 
+// Buffers from the device's stream-ordered pool (cudaMallocAsync), which cudaIpcGetMemHandle
+// refuses: every collective still works through CUDA IPC (by a device copy) and staged.
+TEST(GpuPool, EveryCollectiveOnBuffersFromAStreamOrderedPool) {
+  LOOM_REQUIRE_GPU();
+  for (const char* links : {"shm", "noipc"}) {
+    SCOPED_TRACE(links);
+    loomtest::TransportSetup setup(links);
+    loomtest::CudaBuffers buffers(true);
+    loomtest::runOk(3, [&](loom::Communicator& c) {
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+      loomtest::runMatrix(c, {0, 1, 1021, (1u << 18) + 3}, [&](const std::string& m) { ADD_FAILURE() << m; });
+    });
+  }
+}
+
 // A host function queued before the collective holds the stream until the call has returned;
 // the collective must still read the input written after it, and a copy queued after the call
 // must see the result.

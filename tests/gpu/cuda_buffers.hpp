@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "common/block_pool.hpp"
@@ -26,7 +27,9 @@ namespace loomtest {
 
 class CudaBuffers : public DeviceBuffers {
  public:
-  CudaBuffers() {
+  /// `pooled`: the buffers come from the device's stream-ordered pool (cudaMallocAsync), which
+  /// CUDA IPC cannot share, as with PyTorch's cudaMallocAsync allocator backend.
+  explicit CudaBuffers(bool pooled = false) : pool_(allocator(pooled), releaser(pooled)) {
     for (auto& s : streams_) (void)cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     setDeviceBuffers(this);
   }
@@ -49,12 +52,28 @@ class CudaBuffers : public DeviceBuffers {
   }
 
  private:
+  static std::function<void*(size_t)> allocator(bool pooled) {
+    return [pooled](size_t bytes) -> void* {
+      void* p = nullptr;
+      if (!pooled) return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+      if (cudaMallocAsync(&p, bytes, nullptr) != cudaSuccess || cudaStreamSynchronize(nullptr) != cudaSuccess)
+        return nullptr;
+      return p;
+    };
+  }
+  static std::function<void(void*)> releaser(bool pooled) {
+    return [pooled](void* p) {
+      if (!pooled) {
+        (void)cudaFree(p);
+        return;
+      }
+      (void)cudaFreeAsync(p, nullptr);
+      (void)cudaStreamSynchronize(nullptr);
+    };
+  }
+
   cudaStream_t streams_[8] = {};
-  BlockPool pool_{[](size_t bytes) {
-                    void* p = nullptr;
-                    return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
-                  },
-                  [](void* p) { (void)cudaFree(p); }};
+  BlockPool pool_;
 };
 
 }  // namespace loomtest

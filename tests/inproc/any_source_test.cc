@@ -182,8 +182,9 @@ TEST_P(AnySource, ItsOwnRankAndTooSmallAReceive) {
   });
 }
 
-// Into device memory, on the stream: each receive takes one rank's message, staged through host
-// memory, and names its sender; a single named device receive names its peer.
+// Into device memory, on the stream: each receive takes one rank's message and names its sender,
+// whether it comes through CUDA IPC from a peer's device memory (ranks 1 and 2) or as bytes from
+// its host memory (rank 3); a single named device receive names its peer.
 TEST(AnySourceDevice, ReceivesIntoDeviceBuffersAndNamesTheSender) {
   loomtest::FakeDevice dev;
   loom::device::setRuntimeForTesting(&dev);
@@ -194,7 +195,11 @@ TEST(AnySourceDevice, ReceivesIntoDeviceBuffersAndNamesTheSender) {
     if (c.rank() != 0) {
       std::vector<int32_t> out = message(c.rank(), 0, count);
       std::copy(out.begin(), out.end(), buf);
-      c.send(buf, count, DataType::Int32, 0, 6, s);
+      if (c.rank() == 3) {
+        c.send(out.data(), count, DataType::Int32, 0, 6);
+      } else {
+        c.send(buf, count, DataType::Int32, 0, 6, s);
+      }
       c.send(buf, 10, DataType::Int32, 0, 7, s);
     } else {
       std::vector<loom::Work> works;
@@ -222,6 +227,7 @@ TEST(AnySourceDevice, ReceivesIntoDeviceBuffersAndNamesTheSender) {
     dev.destroyStream(s);
   });
   EXPECT_EQ(dev.ruleBreaks(), 0) << dev.ruleBreakReport();
+  EXPECT_GT(dev.ipcExports(), 0) << "no device send went through CUDA IPC";
   loom::device::setRuntimeForTesting(nullptr);
 }
 

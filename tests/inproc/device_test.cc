@@ -5,6 +5,8 @@
 // maps them across processes. The gpu suite runs the same matrix on a real CUDA device.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -50,7 +52,7 @@ class FakeDeviceScope : public loomtest::DeviceBuffers {
     unsetenv("LOOM_DEVICE_STAGING_BYTES");
     if (setTransport_) unsetenv("LOOM_TRANSPORT");
   }
-  void* alloc(size_t bytes) override { return dev.alloc(bytes); }
+  void* alloc(size_t bytes) override { return dev.alloc(bytes, pooled); }
   void free(void* p) override { dev.free(p); }
   void upload(void* d, const void* h, size_t bytes) override { std::memcpy(d, h, bytes); }
   void download(void* h, const void* d, size_t bytes) override { std::memcpy(h, d, bytes); }
@@ -59,6 +61,8 @@ class FakeDeviceScope : public loomtest::DeviceBuffers {
 
   // Declared first: destroyed last, after the communicators of the test are gone.
   FakeDevice dev;
+  /// Buffers as from a stream-ordered pool (cudaMallocAsync), which CUDA IPC cannot share.
+  bool pooled = false;
 
  private:
   void* streams_[8] = {};
@@ -120,6 +124,19 @@ TEST_P(DevicePath, LargeCountsWithDefaultSlots) {
         const size_t count = blocks ? (1u << 19) + 3 : (3u << 20) + 3;
         loomtest::runCase(c, coll, Case{DataType::Float32, ReduceOp::Sum, count, inPlace, 2}, fail);
       }
+  });
+  EXPECT_EQ(device.dev.stuckWaits(), 0);
+  expectPath(device.dev);
+}
+
+// Buffers from a stream-ordered pool (PyTorch's cudaMallocAsync backend), which CUDA IPC cannot
+// export: every collective still works, in place and out of place, through CUDA IPC by way of a
+// device copy, or staged.
+TEST_P(DevicePath, BuffersFromAStreamOrderedPoolWork) {
+  FakeDeviceScope device(4096, ipc());
+  device.pooled = true;
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    EXPECT_GT(loomtest::runMatrix(c, {0, 1, 7, 1021}, [&](const std::string& m) { ADD_FAILURE() << m; }), 0u);
   });
   EXPECT_EQ(device.dev.stuckWaits(), 0);
   expectPath(device.dev);
@@ -302,6 +319,67 @@ TEST_P(DevicePath, MismatchedCountsFailEveryRankAndReleaseTheStreams) {
   expectPath(device.dev);
 }
 
+// One rank passes device buffers where its peers pass host memory (on one node, where the device
+// rank goes through CUDA IPC and its peers through shared memory, or staged): every rank fails at
+// once, well inside the 30 s timeout, saying which rank passed which kind; the stream goes on.
+void expectPlacementMismatchFailsAtOnce(FakeDeviceScope& device) {
+  for (const auto& ranksAndCount : {std::pair<int, size_t>{2, 10000}, {3, 10000}, {2, 100}, {3, 1}}) {
+    const int n = ranksAndCount.first;
+    const size_t kCount = ranksAndCount.second;
+    const auto start = std::chrono::steady_clock::now();
+    auto results = loomtest::runRanks(n, [&](loom::Communicator& c) {
+      const int r = c.rank();
+      std::vector<float> host(kCount, 1.0f);
+      try {
+        if (r == 0) {
+          void* s = device.stream(r);
+          auto* d = static_cast<float*>(device.alloc(kCount * 4));
+          loom::Work w = c.iallReduce(d, d, kCount, DataType::Float32, ReduceOp::Sum, s);
+          std::atomic<bool> after{false};
+          device.dev.launch(s, [&] { after = true; });
+          try {
+            w.wait();
+          } catch (const loom::Error&) {
+            device.dev.synchronize(s);
+            EXPECT_TRUE(after.load()) << "the stream stayed held after the failure";
+            device.free(d);
+            throw;
+          }
+          device.free(d);
+        } else {
+          c.allReduce(host.data(), host.data(), kCount, DataType::Float32, ReduceOp::Sum);
+        }
+        ADD_FAILURE() << "rank " << r << ": device and host buffers were mixed across ranks unnoticed";
+      } catch (const loom::Error& e) {
+        const std::string m = e.what();
+        EXPECT_TRUE(m.find("device buffers") != std::string::npos && m.find("host buffers") != std::string::npos)
+            << "rank " << r << ": " << m;
+        EXPECT_NE(m.find("all_reduce"), std::string::npos) << m;
+      }
+    });
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(took, 15.0) << n << " ranks took " << took << " s to fail: the timeout, not the check";
+    (void)results;
+  }
+  EXPECT_EQ(device.dev.stuckWaits(), 0);
+}
+
+TEST_P(DevicePath, MismatchedPlacementFailsEveryRankAtOnce) {
+  FakeDeviceScope device(4096, ipc());
+  expectPlacementMismatchFailsAtOnce(device);
+}
+
+// The same where the check is the signature in every message's header: over TCP, and on two
+// nodes (staged: shared memory within each, TCP between).
+TEST(DeviceStaged, MismatchedPlacementFailsEveryRankAtOnceOverTcpAndAcrossNodes) {
+  for (const char* links : {"tcp", "mixed"}) {
+    SCOPED_TRACE(links);
+    loomtest::TransportSetup setup(links);
+    FakeDeviceScope device(4096);
+    expectPlacementMismatchFailsAtOnce(device);
+  }
+}
+
 // A peer that leaves instead of calling: the collective fails on the other rank, naming it, and
 // that rank's stream goes on.
 TEST_P(DevicePath, ADepartedPeerFailsTheCollectiveAndReleasesTheStream) {
@@ -376,9 +454,12 @@ TEST_P(DevicePath, CApiOrdersCollectivesOnTheStream) {
 // ---- Point-to-point on device buffers. ----
 
 // A ring shift of large device messages as one group (it would deadlock as blocking calls), then
-// single sends and receives, all ordered on the stream and staged through pinned memory.
-TEST(DeviceStaged, SendAndReceiveOnTheStream) {
-  FakeDeviceScope device;
+// single sends and receives, in order on one tag, all ordered on the stream: through CUDA IPC with
+// no copy through host memory, or staged through pinned memory. With `pooled`, the buffers are from
+// a stream-ordered pool, which CUDA IPC cannot share.
+void sendAndReceiveOnTheStream(bool ipc, bool pooled) {
+  FakeDeviceScope device(0, ipc);
+  device.pooled = pooled;
   loomtest::runOk(3, [&](loom::Communicator& c) {
     const int r = c.rank(), n = c.size();
     void* s = device.stream(r);
@@ -395,18 +476,113 @@ TEST(DeviceStaged, SendAndReceiveOnTheStream) {
     const int from = (r + n - 1) % n;
     for (size_t i = 0; i < count; ++i)
       ASSERT_EQ(in[i], from * 1000 + static_cast<int32_t>(i % 977)) << "element " << i << " on rank " << r;
-    // Rank 0 sends rank 1 a short message on the stream; rank 1 receives it on its stream.
-    if (r == 0) c.send(out, 100, DataType::Int32, 1, 9, s);
+    // Rank 0 sends rank 1 three messages on one tag, each changed on the stream after its send was
+    // queued; rank 1 receives them in order on its stream, into a larger buffer.
+    if (r == 0) {
+      for (int k = 0; k < 3; ++k) {
+        device.dev.launch(s, [out, k] { out[0] = 100 + k; });
+        c.send(out, 100 - static_cast<size_t>(k), DataType::Int32, 1, 9, s);
+      }
+    }
     if (r == 1) {
-      c.recv(in, 100, DataType::Int32, 0, 9, s);
-      device.dev.synchronize(s);
-      EXPECT_EQ(in[99], 99);
+      for (int k = 0; k < 3; ++k) {
+        loom::Work one = c.irecv(in, 200, DataType::Int32, 0, 9, s);
+        one.wait();
+        EXPECT_EQ(one.bytes(), (100u - static_cast<size_t>(k)) * 4);
+        EXPECT_EQ(one.source(), 0);
+        device.dev.synchronize(s);
+        EXPECT_EQ(in[0], 100 + k) << "message " << k << " out of order";
+        EXPECT_EQ(in[99 - k], 99 - k);
+      }
     }
     device.dev.synchronize(s);
     device.free(out);
     device.free(in);
   });
   EXPECT_EQ(device.dev.stuckWaits(), 0);
+  if (ipc) {
+    EXPECT_EQ(device.dev.hostCopies(), 0) << "a message went through host memory";
+    EXPECT_GT(device.dev.ipcExports(), 0);
+  } else {
+    EXPECT_GT(device.dev.hostCopies(), 0);
+    EXPECT_EQ(device.dev.ipcExports(), 0);
+  }
+}
+
+TEST_P(DevicePath, SendAndReceiveOnTheStream) { sendAndReceiveOnTheStream(ipc(), false); }
+TEST_P(DevicePath, SendAndReceiveFromAStreamOrderedPool) { sendAndReceiveOnTheStream(ipc(), true); }
+
+// A device message larger than its receive: both ends fail, saying so, as on host buffers; the
+// streams go on and the link still works.
+TEST_P(DevicePath, AReceiveTooSmallFailsBothEnds) {
+  FakeDeviceScope device(0, ipc());
+  loomtest::runOk(2, [&](loom::Communicator& c) {
+    const int r = c.rank();
+    void* s = device.stream(r);
+    auto* buf = static_cast<int32_t*>(device.alloc(100000 * 4));
+    try {
+      // Blocking calls on a stream return once queued: the Work carries the error.
+      loom::Work w =
+          r == 0 ? c.isend(buf, 100000, DataType::Int32, 1, 3, s) : c.irecv(buf, 10, DataType::Int32, 0, 3, s);
+      w.wait();
+      ADD_FAILURE() << "rank " << r << ": a message larger than its receive went unnoticed";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("larger than the receive buffer"), std::string::npos) << e.what();
+    }
+    device.dev.synchronize(s);
+    for (int i = 0; i < 10; ++i) buf[i] = r;
+    if (r == 0) c.send(buf, 10, DataType::Int32, 1, 4, s);
+    if (r == 1) c.recv(buf, 10, DataType::Int32, 0, 4, s);
+    device.dev.synchronize(s);
+    EXPECT_EQ(buf[9], 0);
+    device.free(buf);
+  });
+  expectPath(device.dev);
+}
+
+// Between ranks of one node, a device send and a host receive (or the reverse) is an error that
+// names both kinds, not bytes of a descriptor taken as data. The device sender, whose receive
+// never comes, fails at its timeout.
+TEST(DeviceIpc, MixedPlacementOfASendAndItsReceiveIsNamed) {
+  FakeDeviceScope device(0, true);
+  loom::Options o;
+  o.timeout = std::chrono::milliseconds(2000);
+  for (bool deviceSends : {true, false}) {
+    SCOPED_TRACE(deviceSends ? "device send, host receive" : "host send, device receive");
+    auto results = loomtest::runRanks(
+        2,
+        [&](loom::Communicator& c) {
+          const int r = c.rank();
+          void* s = device.stream(r);
+          auto* d = static_cast<int32_t*>(device.alloc(64 * 4));
+          std::vector<int32_t> h(64, 5);
+          const bool onDevice = (r == 0) == deviceSends;
+          try {
+            loom::Work w;
+            if (r == 0) {
+              w = onDevice ? c.isend(d, 64, DataType::Int32, 1, 2, s) : c.isend(h.data(), 64, DataType::Int32, 1, 2);
+            } else {
+              w = onDevice ? c.irecv(d, 64, DataType::Int32, 0, 2, s) : c.irecv(h.data(), 64, DataType::Int32, 0, 2);
+            }
+            w.wait();
+            if (r == 1) ADD_FAILURE() << "the receive took a message of the other kind";
+          } catch (const loom::Error& e) {
+            const std::string m = e.what();
+            if (r == 1) {
+              EXPECT_NE(m.find(deviceSends ? "rank 0 sent from device buffers where rank 1 receives into host buffers"
+                                           : "rank 0 sent from host buffers where rank 1 receives into device buffers"),
+                        std::string::npos)
+                  << m;
+            } else {
+              EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+            }
+          }
+          device.dev.synchronize(s);
+          device.free(d);
+        },
+        o);
+    (void)results;
+  }
 }
 
 // ---- The data-parallel layer on device gradients. ----

@@ -2,7 +2,8 @@
 // peers' buffers for real: `device_worker fake` installs the emulated device (whose memory is
 // memfd-backed, so another process maps it as CUDA IPC would), `device_worker cuda` uses the GPU
 // (exit 77, with the reason, where none is usable). Launched by loomrun. Each rank:
-//   1. checks every peer is linked by cuda_ipc;
+//   1. checks every peer is linked by cuda_ipc, and sends a ring of device messages of every size,
+//      twice, through CUDA IPC (fake: the device counts no copy to or from host memory);
 //   2. runs the collectives matrix on device buffers against the reference;
 //   3. all-reduces one buffer five times: peers' buffers are mapped once, then reused (fake only);
 //   4. destroys the communicator: every mapping is closed (fake only).
@@ -76,14 +77,15 @@ int32_t value(int from, int round, size_t k, size_t i) {
   return static_cast<int32_t>(from * 1000003 + round * 7919 + static_cast<int>(k) * 131 + static_cast<int>(i % 10007));
 }
 
-// Step 1 and 2 of `ib`: device send/recv around the ring by GPUDirect RDMA.
-void gpuDirectRing(loom::Communicator& c, RuntimeBuffers& buffers, loomtest::FakeDevice* dev) {
+// Device send/recv around the ring: by GPUDirect RDMA (step 1 and 2 of `ib`), or through CUDA IPC.
+void deviceRing(loom::Communicator& c, RuntimeBuffers& buffers, loomtest::FakeDevice* dev, bool ib) {
   const int rank = c.rank(), n = c.size();
   const std::string me = "rank " + std::to_string(rank) + ": ";
+  const std::string way = ib ? "ib" : "cuda_ipc";
   for (int p = 0; p < n; ++p) {
     if (p == rank) continue;
-    if (c.transportOf(p) != "ib") fail(me + "rank " + std::to_string(p) + " is linked by " + c.transportOf(p));
-    if (!c.impl()->link(p).deviceBuffers)
+    if (c.transportOf(p) != way) fail(me + "rank " + std::to_string(p) + " is linked by " + c.transportOf(p));
+    if (ib && !c.impl()->link(p).deviceBuffers)
       fail(me + "the link to rank " + std::to_string(p) + " takes no device buffer");
   }
   const size_t counts[] = {0, 1, 7, 1021, 16384, 70001, (size_t{1} << 20) + 3};
@@ -106,12 +108,17 @@ void gpuDirectRing(loom::Communicator& c, RuntimeBuffers& buffers, loomtest::Fak
       ops.push_back({false, in[k], counts[k], loom::DataType::Int32, prev, static_cast<uint32_t>(k)});
     }
     const LoomTestVerbsCounters before = providerCounters() != nullptr ? *providerCounters() : LoomTestVerbsCounters{};
-    const int copies = dev != nullptr ? dev->copies() : 0;
+    const int copies = dev != nullptr ? dev->copies() : 0, hostCopies = dev != nullptr ? dev->hostCopies() : 0;
     loom::Work w = c.igroup(ops, buffers.stream(rank));
     w.wait();
     buffers.synchronize(buffers.stream(rank));
-    if (dev != nullptr && dev->copies() != copies)
+    if (w.bytes() != payload) fail(me + "the group's Work counts " + std::to_string(w.bytes()) + " bytes received");
+    // By RDMA no copy at all; through CUDA IPC one device-to-device copy per message received.
+    if (dev != nullptr && ib && dev->copies() != copies)
       fail(me + std::to_string(dev->copies() - copies) + " device copies: a message was staged through host memory");
+    if (dev != nullptr && dev->hostCopies() != hostCopies)
+      fail(me + std::to_string(dev->hostCopies() - hostCopies) +
+           " copies to or from host memory: a message was staged through it");
     if (const LoomTestVerbsCounters* now = providerCounters()) {
       // What landed here: every byte received, by RDMA write (this process's provider).
       if (now->write_bytes - before.write_bytes < payload)
@@ -134,7 +141,7 @@ void gpuDirectRing(loom::Communicator& c, RuntimeBuffers& buffers, loomtest::Fak
     }
   }
   for (size_t k = 0; k < std::size(counts); ++k) buffers.free(out[k]), buffers.free(in[k]);
-  std::printf("rank %d: device send/recv by GPUDirect RDMA, %llu bytes a round\n", rank,
+  std::printf("rank %d: device send/recv %s, %llu bytes a round\n", rank, ib ? "by GPUDirect RDMA" : "through CUDA IPC",
               static_cast<unsigned long long>(payload));
 }
 
@@ -161,11 +168,7 @@ int main(int argc, char** argv) {
       loom::Communicator c = loom::Communicator::fromEnv();
       rank = c.rank();
       const int n = c.size();
-      if (ib) gpuDirectRing(c, buffers, dev.get());
-      for (int p = 0; p < n && !ib; ++p)
-        if (p != rank && c.transportOf(p) != "cuda_ipc")
-          fail("rank " + std::to_string(rank) + ": rank " + std::to_string(p) + " is linked by " + c.transportOf(p) +
-               ", not cuda_ipc");
+      if (n > 1) deviceRing(c, buffers, dev.get(), ib);
       const size_t cases = loomtest::runMatrix(c, {0, 1, 7, 1021, 70001}, fail);
       std::printf("rank %d: %zu cases on device buffers\n", rank, cases);
 

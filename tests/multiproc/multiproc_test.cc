@@ -280,6 +280,9 @@ TEST(CudaIpc, DeviceBuffersAreMappedAcrossProcesses) {
       EXPECT_NE(out.find("rank " + std::to_string(r) + ": "), std::string::npos) << out;
     }
     EXPECT_NE(out.find("peer buffers mapped, all closed"), std::string::npos) << out;
+    for (int r = 0; r < n; ++r)
+      EXPECT_NE(out.find("rank " + std::to_string(r) + ": device send/recv through CUDA IPC"), std::string::npos)
+          << out;
   }
 }
 

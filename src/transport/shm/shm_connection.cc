@@ -195,6 +195,7 @@ void ShmConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std
     }
     return;
   }
+  if (spec.signature == kDeviceAnySourceRecv) req->setMatchedSignature(u->frame.sig);
   if (u->frame.type == static_cast<uint8_t>(FrameType::Rts)) {
     if (message > bytes) {
       req->fail(truncationError(peer_, tag, message, bytes));
@@ -395,6 +396,7 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
       std::shared_ptr<RecvOp> op = std::move(*posted);
       const size_t message = static_cast<size_t>(f.bytes);
       const bool agree = signaturesAgree(op->signature, f.sig);
+      if (agree && op->signature == kDeviceAnySourceRecv) op->req->setMatchedSignature(f.sig);
       if (!agree || message > op->capacity) {
         op->req->fail(agree ? truncationError(peer_, f.tag, message, op->capacity)
                             : signatureMismatch(peer_, f.sig, rank_, op->signature));

@@ -1,0 +1,48 @@
+// Collective signatures (core/signature.hpp): what they tell apart and how a mismatch reads.
+#include "core/signature.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace {
+
+using loom::DataType;
+using loom::ReduceOp;
+using loom::SigKind;
+
+TEST(Signature, DescribesEachField) {
+  EXPECT_EQ(loom::describeSignature(loom::makeSignature(SigKind::AllReduce, DataType::Float32, ReduceOp::Sum, 0, 1024)),
+            "all_reduce of 1024 float32 (sum)");
+  EXPECT_EQ(loom::describeSignature(loom::makeSignature(SigKind::Broadcast, DataType::Int8, ReduceOp::Max, 3, 7)),
+            "broadcast of 7 int8 from rank 3");
+  EXPECT_EQ(loom::describeSignature(0), "a point-to-point message");
+}
+
+TEST(Signature, CountsSaturateWithoutTouchingOtherFields) {
+  const uint64_t huge = loom::makeSignature(SigKind::Reduce, DataType::Float64, ReduceOp::Prod, 5, size_t{1} << 40);
+  EXPECT_FALSE(loom::isOnDeviceBuffers(huge));
+  EXPECT_EQ(loom::describeSignature(huge), "reduce of 34359738367 float64 to rank 5 (prod)");
+}
+
+// Device and host buffers are different calls, and the mismatch says which rank passed which.
+TEST(Signature, DeviceBuffersAreADifferentCall) {
+  const uint64_t host = loom::makeSignature(SigKind::AllReduce, DataType::Bfloat16, ReduceOp::Avg, 0, 9);
+  const uint64_t device = loom::onDeviceBuffers(host);
+  EXPECT_TRUE(loom::isOnDeviceBuffers(device));
+  EXPECT_FALSE(loom::signaturesAgree(host, device));
+  EXPECT_EQ(loom::onDeviceBuffers(0), 0u) << "point-to-point messages match anything";
+  EXPECT_EQ(loom::describeSignature(device), "all_reduce of 9 bfloat16 (avg) on device buffers");
+  const loom::Status s = loom::signatureMismatch(1, host, 0, device);
+  EXPECT_EQ(s.code, loom::ErrorCode::InvalidUsage);
+  EXPECT_EQ(s.peer, 1);
+  EXPECT_NE(s.message.find("rank 1 called all_reduce of 9 bfloat16 (avg) on host buffers where rank 0 called it on "
+                           "device buffers"),
+            std::string::npos)
+      << s.message;
+  const uint64_t other =
+      loom::onDeviceBuffers(loom::makeSignature(SigKind::AllReduce, DataType::Bfloat16, ReduceOp::Avg, 0, 8));
+  EXPECT_NE(loom::signatureMismatch(1, host, 0, other).message.find("on device buffers"), std::string::npos);
+}
+
+}  // namespace
