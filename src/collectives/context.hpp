@@ -162,6 +162,10 @@ void allGatherDirect(Context& c, const Args& a);
 // hierarchical.cc: node-aware: within each node over shared memory, across nodes between one
 // leader per node, then within each node again.
 void allReduceHierarchical(Context& c, const Args& a);
+/// All-reduce of host buffers among `members` (one rank per node, this rank among them) with the
+/// algorithm the cost model picks for the links between nodes: the step across nodes of the
+/// node-aware all-reduce on device buffers (comm/device_nodes.cc).
+void allReduceAcrossNodes(Context& c, const std::vector<int>& members, const Args& a);
 void broadcastHierarchical(Context& c, const Args& a);
 void reduceHierarchical(Context& c, const Args& a);
 

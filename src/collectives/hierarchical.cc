@@ -101,6 +101,11 @@ bool allReduce2D(Context& c, const Args& a) {
 
 }  // namespace
 
+void allReduceAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
+  Context across(c, members, 0, kInterChannels);
+  runAllReduce(across, a, interAlgo(c, Coll::AllReduce, a.count * a.elem, across.size()));
+}
+
 void allReduceHierarchical(Context& c, const Args& a) {
   if (allReduce2D(c, a)) return;
   const Hierarchy h = hierarchyOf(c, 0);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/arena_sync.hpp"
+#include "comm/device_record.hpp"
 #include "comm/device_state.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
@@ -20,23 +21,6 @@ namespace coll {
 namespace {
 
 constexpr const char* kAlgo = "cuda_ipc";
-
-// A rank's device record: the call it is in and where its buffers are. Written by the rank into
-// its arena slot before a barrier; read by its peers after it, until the call's next barrier.
-struct Record {
-  uint64_t seq = 0;
-  uint64_t sig = 0;
-  uint64_t bytes = 0;  // count × element size (0 for all-to-all-v, whose counts follow)
-  cuda_ipc::ProcessId proc;
-  int32_t device = 0;  // the rank's GPU, as its process numbers them
-  uint32_t pad0 = 0;
-  uint64_t sendPtr = 0, recvPtr = 0;  // as the rank's process sees them; 0: not shared
-  device::IpcHandle send, recv;
-  uint32_t nCounts = 0;  // all-to-all-v: the rank's send counts, then its send displacements
-  uint32_t pad = 0;
-  uint64_t counts[2 * kIpcMaxAllToAllvRanks] = {};
-};
-static_assert(sizeof(Record) <= LocalArena::kDeviceRecordBytes, "a record fits its arena slot");
 
 // Which of its buffers a rank shares for `kind`: those its peers read or write.
 bool sharesSend(Coll kind, const Args& a, int rank) { return kind != Coll::Broadcast || rank == a.root; }
@@ -54,19 +38,6 @@ size_t inputBytes(Coll kind, const Args& a, size_t n) {
   }
   const bool blocks = kind == Coll::ReduceScatter || kind == Coll::AllToAll;
   return (blocks ? n : 1) * a.count * a.elem;
-}
-
-// Said once per process: a pool buffer costs a device copy per call, which a user may want to know.
-void noteBounce(const Error& e) {
-  static std::atomic<bool> said{false};
-  if (said.exchange(true)) return;
-  LOOM_INFO("device buffers that CUDA IPC cannot share go through a device copy (%s)", e.message().c_str());
-}
-
-// Fails the communicator with `s` (so that the peers waiting at a barrier learn it) and throws.
-[[noreturn]] void fail(const Context& ctx, Status s) {
-  ctx.comm().failureState()->fail(s);
-  throw s.toError(ctx.comm().rank());
 }
 
 // The operation on one rank with no peers: copies.
@@ -103,34 +74,14 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
   try {
     const LocalArena& ar = *comm.arena();
     // 1. This rank's record; barrier.
-    Record mine;
+    DeviceRecord mine;
     mine.seq = static_cast<uint64_t>(seq);
     mine.sig = sig;
     mine.bytes = a.count * E;
     mine.proc = cuda_ipc::thisProcess();
     mine.device = a.device;
-    // Memory CUDA IPC cannot share (a cudaMallocAsync pool, cuMemCreate) is bounced through
-    // device scratch `slot` from cudaMalloc: an input copied in before the peers read it, an output
-    // copied out once they have written it. Returns the bounce, or nullptr where `p` is shared.
-    auto share = [&](const void* p, size_t bytes, int slot, bool input, uint64_t* ptr,
-                     device::IpcHandle* h) -> uint8_t* {
-      if (p == nullptr) return nullptr;
-      try {
-        *h = rt.ipcExport(p);
-        *ptr = reinterpret_cast<uintptr_t>(p);
-        return nullptr;
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::Cuda) throw;
-        noteBounce(e);
-      }
-      uint8_t* bounce = st.deviceScratch(slot, bytes);
-      if (input && bytes > 0) {
-        rt.copyAsync(bounce, p, bytes, work);
-        drain();
-      }
-      *h = rt.ipcExport(bounce);
-      *ptr = reinterpret_cast<uintptr_t>(bounce);
-      return bounce;
+    auto share = [&](const void* p, size_t bytes, int slot, bool in, uint64_t* ptr, device::IpcHandle* h) {
+      return shareDeviceBuffer(st, p, bytes, slot, in, work, drain, ptr, h);
     };
     const void* input = a.send;
     if (kind == Coll::AllToAll && a.send == a.recv) {
@@ -150,41 +101,11 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
         mine.counts[N + p] = (*a.counts)[N + p];
       }
     }
-    std::memcpy(ar.deviceRecords[ME], &mine, sizeof(mine));
     uint64_t step = ar.steps[ME]->load(std::memory_order_relaxed);
-    barrier(ctx, ar, ++step);
-
-    // 2. The peers' records: the same call? Their buffers, mapped.
-    std::vector<Record> recs(N);
-    for (size_t p = 0; p < N; ++p) std::memcpy(&recs[p], ar.deviceRecords[p], sizeof(Record));
-    for (size_t p = 0; p < N; ++p) {
-      const Record& r = recs[p];
-      if (p == ME || (r.seq == mine.seq && r.sig == mine.sig && r.bytes == mine.bytes)) continue;
-      // The calls the ranks published on entry say more where they can: a peer on the host path
-      // wrote no device record.
-      if (Status m = comm.localCallMismatch(seq, sig); !m.ok) {
-        m.message = label + ": " + m.message;
-        fail(ctx, m);
-      }
-      fail(ctx,
-           Status::error(ErrorCode::InvalidUsage,
-                         strFormat("%s: rank %zu is in collective #%llu, %s (%llu bytes), where this rank is in "
-                                   "%s (%llu bytes): the ranks called this collective with different counts, "
-                                   "datatypes, ops or roots",
-                                   label.c_str(), p, static_cast<unsigned long long>(r.seq),
-                                   describeSignature(r.sig).c_str(), static_cast<unsigned long long>(r.bytes),
-                                   describeSignature(mine.sig).c_str(), static_cast<unsigned long long>(mine.bytes)),
-                         static_cast<int>(p), seq));
-    }
-    cuda_ipc::IpcMemCache* cache = comm.ipcCache();
-    auto resolve = [&](size_t p, uint64_t ptr, const device::IpcHandle& h) -> uint8_t* {
-      if (ptr == 0) return nullptr;
-      if (p == ME) return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr));
-      if (recs[p].proc == mine.proc) {  // a rank of this process: its pointer as it is
-        if (recs[p].device != a.device) rt.enablePeerAccess(recs[p].device);
-        return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr));
-      }
-      return static_cast<uint8_t*>(cache->map(rt, recs[p].proc, h)) + h.offset;
+    // 2. The peers' records (the same call?), their buffers mapped.
+    const std::vector<DeviceRecord> recs = exchangeRecords(ctx, ar, mine, &step, label);
+    auto resolve = [&](size_t p, uint64_t ptr, const device::IpcHandle& h) {
+      return peerDeviceBuffer(comm, rt, mine, recs[p], p == ME, ptr, h, a.device);
     };
     std::vector<const uint8_t*> sendOf(N);
     std::vector<uint8_t*> recvOf(N);
@@ -210,10 +131,7 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
         drain();
         barrier(ctx, ar, ++step);
         if (kind == Coll::AllReduce) {
-          for (size_t p = 0; p < N; ++p) {
-            const Segment& t = slices[p];
-            if (p != ME && t.count > 0) rt.copyAsync(out + t.offset * E, recvOf[p] + t.offset * E, t.count * E, work);
-          }
+          gatherSlices(rt, out, recvOf, slices, ME, E, work);
           drain();
           barrier(ctx, ar, ++step);
         }
@@ -248,15 +166,16 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
         } else {
           const auto& v = *a.counts;
           for (size_t p = 0; p < N; ++p) {
-            const Record& r = recs[p];
+            const DeviceRecord& r = recs[p];
             const uint64_t theirCount = r.counts[ME], theirDispl = r.counts[N + ME];
             if (r.nCounts != N || theirCount != v[2 * N + p]) {
-              fail(ctx,
-                   Status::error(ErrorCode::InvalidUsage,
-                                 strFormat("%s: rank %zu sends this rank %llu elements, but this rank expects "
-                                           "%zu from it: the ranks' counts do not match",
-                                           label.c_str(), p, static_cast<unsigned long long>(theirCount), v[2 * N + p]),
-                                 static_cast<int>(p), seq));
+              failDeviceCall(
+                  ctx,
+                  Status::error(ErrorCode::InvalidUsage,
+                                strFormat("%s: rank %zu sends this rank %llu elements, but this rank expects "
+                                          "%zu from it: the ranks' counts do not match",
+                                          label.c_str(), p, static_cast<unsigned long long>(theirCount), v[2 * N + p]),
+                                static_cast<int>(p), seq));
             }
             if (theirCount > 0) rt.copyAsync(out + v[3 * N + p] * E, sendOf[p] + theirDispl * E, theirCount * E, work);
           }
@@ -273,11 +192,7 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
     }
   } catch (const Error&) {
     // A rank that gives up mid-exchange must not leave its peers waiting at a barrier.
-    Status s = statusFromCurrentException();
-    if (!comm.failureState()->failed()) {
-      s.message = label + ": " + s.message;
-      comm.failureState()->fail(s);
-    }
+    failCommunicatorWithCurrent(comm, label);
     throw;
   }
 }

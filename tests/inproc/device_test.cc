@@ -5,6 +5,7 @@
 // maps them across processes. The gpu suite runs the same matrix on a real CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -91,9 +92,12 @@ class DeviceMatrix : public ::testing::TestWithParam<DeviceParam> {};
 
 TEST_P(DeviceMatrix, EveryCollectiveTypeOpAndPlacement) {
   const int n = std::get<0>(GetParam());
-  const std::string links = std::get<1>(GetParam());
-  const bool ipc = links == "ipc";
-  loomtest::TransportSetup setup(ipc ? "shm" : links);
+  std::string links = std::get<1>(GetParam());
+  // "ipc": one node; "mixed-ipc", "mixed3-ipc": 2 or 3 nodes, CUDA IPC within each (node-aware
+  // all-reduce, the other collectives staged).
+  const bool ipc = links.size() >= 3 && links.compare(links.size() - 3, 3, "ipc") == 0;
+  if (ipc) links = links == "ipc" ? "shm" : links.substr(0, links.size() - 4);
+  loomtest::TransportSetup setup(links);
   FakeDeviceScope device(4096, ipc);
   loomtest::runOk(n, [&](loom::Communicator& c) {
     EXPECT_GT(loomtest::runMatrix(c, {0, 1, 7, 1021}, [&](const std::string& m) { ADD_FAILURE() << m; }), 0u);
@@ -107,10 +111,40 @@ TEST_P(DeviceMatrix, EveryCollectiveTypeOpAndPlacement) {
 INSTANTIATE_TEST_SUITE_P(Links, DeviceMatrix,
                          ::testing::Values(DeviceParam{1, "ipc"}, DeviceParam{2, "ipc"}, DeviceParam{3, "ipc"},
                                            DeviceParam{4, "ipc"}, DeviceParam{5, "ipc"}, DeviceParam{2, "shm"},
-                                           DeviceParam{3, "tcp"}, DeviceParam{4, "mixed"}),
+                                           DeviceParam{3, "tcp"}, DeviceParam{4, "mixed"}, DeviceParam{4, "mixed-ipc"},
+                                           DeviceParam{6, "mixed3-ipc"}),
                          [](const ::testing::TestParamInfo<DeviceParam>& i) {
-                           return std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param);
+                           std::string name = std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
                          });
+
+// Node-aware all-reduce on device buffers (2 nodes of 2, 2 nodes of 3): CUDA IPC within each node,
+// each rank's slice across nodes in many chunks of the 4 KiB staging slot, every datatype class
+// and op that differs in how it ends (avg divides once), in place and not, from a stream-ordered
+// pool too; no other collective runs, so the n-input reductions counted are the node steps'.
+TEST(DeviceNodes, AllReduceIsNodeAwareThroughManyChunks) {
+  for (const char* layout : {"mixed", "mixed3"}) {
+    for (bool pooled : {false, true}) {
+      SCOPED_TRACE(std::string(layout) + (pooled ? ", pooled" : ""));
+      loomtest::TransportSetup setup(layout);
+      FakeDeviceScope device(4096, true);
+      device.pooled = pooled;
+      const int n = std::string(layout) == "mixed" ? 4 : 6;
+      loomtest::runOk(n, [&](loom::Communicator& c) {
+        auto fail = [&](const std::string& m) { ADD_FAILURE() << m; };
+        for (bool inPlace : {false, true}) {
+          loomtest::runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Avg, 100003, inPlace, 0}, fail);
+          loomtest::runCase(c, "all_reduce", Case{DataType::Int64, ReduceOp::Sum, 7919, inPlace, 0}, fail);
+          loomtest::runCase(c, "all_reduce", Case{DataType::Bfloat16, ReduceOp::Max, 3001, inPlace, 0}, fail);
+        }
+      });
+      EXPECT_GT(device.dev.reductions(), 0) << "the node-aware path did not run";
+      EXPECT_GT(device.dev.ipcExports(), 0);
+      EXPECT_EQ(device.dev.stuckWaits(), 0);
+    }
+  }
+}
 
 // Large counts with the default 4 MiB slots: a pipeline of several chunks at full size.
 TEST_P(DevicePath, LargeCountsWithDefaultSlots) {

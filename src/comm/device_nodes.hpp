@@ -1,0 +1,36 @@
+// All-reduce on device buffers across nodes, node-aware: CUDA IPC within each node, the network
+// only between nodes, each byte crossing it once per node rather than once per rank. Where every
+// node has the same number L >= 2 of ranks, linked within it by cuda_ipc (with the node's shared
+// arena), the "2D" form of the host path (collectives/hierarchical.cc) on device memory:
+//   1. within the node, through CUDA IPC: local rank l reduces slice l of every local rank's input
+//      into its own output (the n-input kernel, in local rank order); barrier;
+//   2. across nodes: the ranks of local index l, one per node, all-reduce slice l, staged through
+//      a pinned slot in chunks (each chunk a host all-reduce over the links between nodes, with the
+//      algorithm the cost model picks for them); avg divides once, at the end, by the world size;
+//      barrier;
+//   3. within the node, through CUDA IPC: each rank copies the other slices from their owners'
+//      outputs; barrier (after which no peer reads this rank's buffers).
+// Every element is computed by one rank and copied to the others: every rank holds the same bits.
+// The other collectives across nodes are staged flat (device_staging.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "collectives/context.hpp"
+#include "collectives/select.hpp"
+#include "comm/comm_impl.hpp"
+#include "loom/loom.hpp"
+
+namespace loom {
+namespace coll {
+
+/// Whether collective `kind` on device buffers runs node-aware on this communicator (above): an
+/// all-reduce on two or more nodes of L >= 2 ranks each, linked within each node by cuda_ipc.
+/// The same answer on every rank.
+bool deviceNodesUsable(const detail::CommImpl& c, Coll kind);
+
+/// Queues the all-reduce `a` (a.device >= 0) ordered on `stream`, as above.
+Work launchAcrossNodesOnDevice(detail::CommImpl& c, const Args& a, void* stream, uint64_t sig);
+
+}  // namespace coll
+}  // namespace loom
