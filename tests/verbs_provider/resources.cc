@@ -378,7 +378,12 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   auto* q = reinterpret_cast<Qp*>(qp);
   if ((mask & IBV_QP_STATE) == 0) return EINVAL;
-  const ibv_qp_state from = qp->state, to = attr->qp_state;
+  ibv_qp_state from;
+  {
+    std::lock_guard<std::mutex> lock(q->mu);  // the adapter's thread may move it to error
+    from = qp->state;
+  }
+  const ibv_qp_state to = attr->qp_state;
   if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) {
     if (mask != IBV_QP_STATE) return EINVAL;
     if (to == IBV_QPS_ERR) {
