@@ -106,6 +106,17 @@ void allReduceAcrossNodes(Context& c, const std::vector<int>& members, const Arg
   runAllReduce(across, a, interAlgo(c, Coll::AllReduce, a.count * a.elem, across.size()));
 }
 
+void broadcastAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
+  Context across(c, members, 0, kInterChannels);
+  runBroadcast(across, a, interAlgo(c, Coll::Broadcast, a.count * a.elem, across.size()));
+}
+
+void allGatherAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
+  Context across(c, members, 0, kInterChannels);
+  if (across.size() == 1) return copyIfDistinct(a.recv, a.send, a.count * a.elem);
+  allGatherRing(across, a);
+}
+
 void allReduceHierarchical(Context& c, const Args& a) {
   if (allReduce2D(c, a)) return;
   const Hierarchy h = hierarchyOf(c, 0);

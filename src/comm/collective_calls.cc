@@ -107,7 +107,7 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, void* stream, bool async) {
   if (a.device >= 0) {
     sig = onDeviceBuffers(sig);
     if (coll::deviceIpcUsable(c, kind, a.counts != nullptr)) return coll::launchOnDeviceIpc(c, kind, a, stream, sig);
-    if (coll::deviceNodesUsable(c, kind)) return coll::launchAcrossNodesOnDevice(c, a, stream, sig);
+    if (coll::deviceNodesUsable(c, kind)) return coll::launchAcrossNodesOnDevice(c, kind, a, stream, sig);
     return coll::launchOnDevice(c, kind, a, stream, sig,
                                 [&c, kind, sig](const Args& h, int64_t seq) { runOnHost(c, kind, h, sig, seq); });
   }

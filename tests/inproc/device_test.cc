@@ -119,11 +119,12 @@ INSTANTIATE_TEST_SUITE_P(Links, DeviceMatrix,
                            return name;
                          });
 
-// Node-aware all-reduce on device buffers (2 nodes of 2, 2 nodes of 3): CUDA IPC within each node,
-// each rank's slice across nodes in many chunks of the 4 KiB staging slot, every datatype class
-// and op that differs in how it ends (avg divides once), in place and not, from a stream-ordered
-// pool too; no other collective runs, so the n-input reductions counted are the node steps'.
-TEST(DeviceNodes, AllReduceIsNodeAwareThroughManyChunks) {
+// Node-aware collectives on device buffers (2 nodes of 2, 3 nodes of 2): CUDA IPC within each
+// node, the steps across nodes in many chunks of the 4 KiB staging slot. All-reduce of datatypes
+// and ops that end differently (avg divides once), broadcast from roots on either node and in
+// either column, all-gather of blocks of many chunks and of one element; in place and not, from
+// a stream-ordered pool too. Only these run, so the n-input reductions counted are the node steps'.
+TEST(DeviceNodes, CollectivesAreNodeAwareThroughManyChunks) {
   for (const char* layout : {"mixed", "mixed3"}) {
     for (bool pooled : {false, true}) {
       SCOPED_TRACE(std::string(layout) + (pooled ? ", pooled" : ""));
@@ -137,6 +138,10 @@ TEST(DeviceNodes, AllReduceIsNodeAwareThroughManyChunks) {
           loomtest::runCase(c, "all_reduce", Case{DataType::Float32, ReduceOp::Avg, 100003, inPlace, 0}, fail);
           loomtest::runCase(c, "all_reduce", Case{DataType::Int64, ReduceOp::Sum, 7919, inPlace, 0}, fail);
           loomtest::runCase(c, "all_reduce", Case{DataType::Bfloat16, ReduceOp::Max, 3001, inPlace, 0}, fail);
+          for (int root : {0, 1, n - 1})
+            loomtest::runCase(c, "broadcast", Case{DataType::Int32, ReduceOp::Sum, 20011, inPlace, root}, fail);
+          loomtest::runCase(c, "all_gather", Case{DataType::Float64, ReduceOp::Sum, 3001, inPlace, 0}, fail);
+          loomtest::runCase(c, "all_gather", Case{DataType::Int8, ReduceOp::Sum, 1, inPlace, 0}, fail);
         }
       });
       EXPECT_GT(device.dev.reductions(), 0) << "the node-aware path did not run";
