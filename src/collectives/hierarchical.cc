@@ -117,6 +117,11 @@ void allGatherAcrossNodes(Context& c, const std::vector<int>& members, const Arg
   allGatherRing(across, a);
 }
 
+void reduceScatterAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
+  Context across(c, members, 0, kInterChannels);
+  reduceScatterRing(across, a);
+}
+
 void allReduceHierarchical(Context& c, const Args& a) {
   if (allReduce2D(c, a)) return;
   const Hierarchy h = hierarchyOf(c, 0);

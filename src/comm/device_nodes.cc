@@ -33,7 +33,8 @@ size_t acrossCount(const detail::CommImpl& c, Coll kind, const Args& a) {
 }
 
 size_t blocksOf(const detail::CommImpl& c, Coll kind) {
-  return kind == Coll::AllGather ? static_cast<size_t>(c.nodeCount()) : 1;
+  const auto nodes = static_cast<size_t>(c.nodeCount());
+  return kind == Coll::AllGather ? nodes : kind == Coll::ReduceScatter ? nodes + 1 : 1;
 }
 
 size_t chunksOf(const detail::CommImpl& c, Coll kind, const Args& a) {
@@ -246,6 +247,48 @@ void allGather(NodeCall& c) {
   c.barrierHere();
 }
 
+// Reduce-scatter: the blocks of this rank's column summed over the node here (from every local
+// input, through CUDA IPC), then reduce-scattered across nodes by the column.
+void reduceScatter(NodeCall& c) {
+  const Args& a = c.a;
+  const size_t E = a.elem, nodes = c.column.size();
+  c.share(a.send, static_cast<size_t>(c.comm.size()) * a.count * E, 0, true, &c.mine.sendPtr, &c.mine.send);
+  const std::vector<DeviceRecord> recs = c.exchange();
+  std::vector<const uint8_t*> inputs(c.L);
+  for (size_t p = 0; p < c.L; ++p) inputs[p] = c.peer(recs, p, true);
+  const ReduceOp op = a.op == ReduceOp::Avg ? ReduceOp::Sum : a.op;
+  const size_t per = chunkElems(E, nodes + 1);
+  std::vector<const void*> srcs(c.L);
+  for (size_t done = 0, k = 0; done < a.count; done += per, ++k) {
+    const size_t n = std::min(per, a.count - done);
+    uint8_t* sums = c.st.deviceScratch(1, nodes * n * E);
+    c.acrossNodes(
+        k, (nodes + 1) * n * E,
+        [&](uint8_t* h, device::StreamHandle cs) {
+          for (size_t j = 0; j < nodes; ++j) {
+            const size_t at = (static_cast<size_t>(c.column[j]) * a.count + done) * E;
+            for (size_t p = 0; p < c.L; ++p) srcs[p] = inputs[p] + at;
+            c.rt.reduceAsync(sums + j * n * E, srcs.data(), static_cast<int>(c.L), n, a.type, op, 1, c.work);
+          }
+          c.drain();
+          c.rt.copyAsync(h, sums, nodes * n * E, cs);
+          return true;
+        },
+        [&](Context& chunk, uint8_t* h) {
+          Args across = onHost(a, h, n);
+          across.recv = h + nodes * n * E;
+          across.op = op;
+          reduceScatterAcrossNodes(chunk, c.column, across);
+          if (a.op == ReduceOp::Avg) kernels::divide(across.recv, n, a.type, c.comm.size());
+        },
+        [&](uint8_t* h, device::StreamHandle cs) {
+          c.rt.copyAsync(static_cast<uint8_t*>(a.recv) + done * E, h + nodes * n * E, n * E, cs);
+          return true;
+        });
+  }
+  c.barrierHere();
+}
+
 void run(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t seq, DeviceState& st) {
   comm.diagnostics().enterCall(seq, sig, kAlgo);
   if (a.count == 0) return;  // the count is in the signature: every rank skips alike
@@ -254,6 +297,7 @@ void run(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t
     if (kind == Coll::AllReduce) allReduce(c);
     if (kind == Coll::Broadcast) broadcast(c);
     if (kind == Coll::AllGather) allGather(c);
+    if (kind == Coll::ReduceScatter) reduceScatter(c);
   } catch (const Error&) {
     // A rank that gives up mid-exchange must not leave its peers waiting at a barrier.
     failCommunicatorWithCurrent(comm, c.label);
@@ -264,7 +308,8 @@ void run(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t
 }  // namespace
 
 bool deviceNodesUsable(const detail::CommImpl& c, Coll kind) {
-  if (kind != Coll::AllReduce && kind != Coll::Broadcast && kind != Coll::AllGather) return false;
+  if (kind != Coll::AllReduce && kind != Coll::Broadcast && kind != Coll::AllGather && kind != Coll::ReduceScatter)
+    return false;
   if (c.nodeCount() < 2) return false;
   const int L = c.localSize();
   if (L < 2) return false;

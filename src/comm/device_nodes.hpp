@@ -13,8 +13,10 @@
 //     node, the others copy from that column's rank through CUDA IPC.
 //   all-gather: column l all-gathers its blocks across nodes (staged, in chunks) into their places;
 //     then, within each node, each rank copies the other columns' blocks from their holders.
-// The last barrier of each means no peer reads this rank's buffers any more. Reduce,
-// reduce-scatter and all-to-all across nodes are staged flat (device_staging.hpp).
+//   reduce-scatter: local rank l sums over the node, through CUDA IPC, the input blocks of column
+//     l's ranks; column l reduce-scatters them across nodes (staged, in chunks).
+// The last barrier of each means no peer reads this rank's buffers any more. Reduce and
+// all-to-all across nodes are staged flat (device_staging.hpp).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +30,7 @@ namespace loom {
 namespace coll {
 
 /// Whether collective `kind` on device buffers runs node-aware on this communicator (above):
-/// all-reduce, broadcast or all-gather, on two or more nodes of L >= 2 ranks each, linked within
+/// all-reduce, broadcast, all-gather or reduce-scatter, on two or more nodes of L >= 2 ranks each, linked within
 /// each node by cuda_ipc. The same answer on every rank.
 bool deviceNodesUsable(const detail::CommImpl& c, Coll kind);
 

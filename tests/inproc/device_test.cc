@@ -122,7 +122,8 @@ INSTANTIATE_TEST_SUITE_P(Links, DeviceMatrix,
 // Node-aware collectives on device buffers (2 nodes of 2, 3 nodes of 2): CUDA IPC within each
 // node, the steps across nodes in many chunks of the 4 KiB staging slot. All-reduce of datatypes
 // and ops that end differently (avg divides once), broadcast from roots on either node and in
-// either column, all-gather of blocks of many chunks and of one element; in place and not, from
+// either column, all-gather of blocks of many chunks and of one element, reduce-scatter; in place
+// and not, from
 // a stream-ordered pool too. Only these run, so the n-input reductions counted are the node steps'.
 TEST(DeviceNodes, CollectivesAreNodeAwareThroughManyChunks) {
   for (const char* layout : {"mixed", "mixed3"}) {
@@ -142,6 +143,8 @@ TEST(DeviceNodes, CollectivesAreNodeAwareThroughManyChunks) {
             loomtest::runCase(c, "broadcast", Case{DataType::Int32, ReduceOp::Sum, 20011, inPlace, root}, fail);
           loomtest::runCase(c, "all_gather", Case{DataType::Float64, ReduceOp::Sum, 3001, inPlace, 0}, fail);
           loomtest::runCase(c, "all_gather", Case{DataType::Int8, ReduceOp::Sum, 1, inPlace, 0}, fail);
+          loomtest::runCase(c, "reduce_scatter", Case{DataType::Float32, ReduceOp::Avg, 2503, inPlace, 0}, fail);
+          loomtest::runCase(c, "reduce_scatter", Case{DataType::Int32, ReduceOp::Prod, 7, inPlace, 0}, fail);
         }
       });
       EXPECT_GT(device.dev.reductions(), 0) << "the node-aware path did not run";
