@@ -166,11 +166,12 @@ void allReduceHierarchical(Context& c, const Args& a);
 /// algorithm the cost model picks for the links between nodes: the step across nodes of the
 /// node-aware all-reduce on device buffers (comm/device_nodes.cc).
 void allReduceAcrossNodes(Context& c, const std::vector<int>& members, const Args& a);
-/// Broadcast from a.root (an index into `members`), all-gather and reduce-scatter among `members`,
-/// likewise.
+/// Broadcast from and reduce to a.root (an index into `members`), all-gather and reduce-scatter
+/// among `members`, likewise.
 void broadcastAcrossNodes(Context& c, const std::vector<int>& members, const Args& a);
 void allGatherAcrossNodes(Context& c, const std::vector<int>& members, const Args& a);
 void reduceScatterAcrossNodes(Context& c, const std::vector<int>& members, const Args& a);
+void reduceAcrossNodes(Context& c, const std::vector<int>& members, const Args& a);
 void broadcastHierarchical(Context& c, const Args& a);
 void reduceHierarchical(Context& c, const Args& a);
 

@@ -122,6 +122,11 @@ void reduceScatterAcrossNodes(Context& c, const std::vector<int>& members, const
   reduceScatterRing(across, a);
 }
 
+void reduceAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
+  Context across(c, members, 0, kInterChannels);
+  runReduce(across, a, interAlgo(c, Coll::Reduce, a.count * a.elem, across.size()));
+}
+
 void allReduceHierarchical(Context& c, const Args& a) {
   if (allReduce2D(c, a)) return;
   const Hierarchy h = hierarchyOf(c, 0);

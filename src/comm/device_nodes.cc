@@ -29,7 +29,7 @@ size_t chunkElems(size_t elem, size_t blocks) { return std::max<size_t>(1, devic
 // numbers); broadcast and all-gather, the whole count (of a block).
 size_t acrossCount(const detail::CommImpl& c, Coll kind, const Args& a) {
   const auto L = static_cast<size_t>(c.localSize());
-  return kind == Coll::AllReduce ? (a.count + L - 1) / L : a.count;
+  return kind == Coll::AllReduce || kind == Coll::Reduce ? (a.count + L - 1) / L : a.count;
 }
 
 size_t blocksOf(const detail::CommImpl& c, Coll kind) {
@@ -289,6 +289,62 @@ void reduceScatter(NodeCall& c) {
   c.barrierHere();
 }
 
+// Reduce: slice l of every local input summed over the node by local rank l (into its scratch),
+// reduced across nodes by column l to its rank on the root's node, then gathered by the root from
+// its node's ranks.
+void reduce(NodeCall& c) {
+  const Args& a = c.a;
+  const size_t E = a.elem;
+  const bool isRoot = c.comm.rank() == a.root;
+  const auto rootNode = static_cast<size_t>(c.comm.nodeOf(a.root));
+  const std::vector<Segment> slices = planSegments(a.count, static_cast<int>(c.L));
+  const Segment& s = slices[c.me];
+  uint8_t* sum = c.st.deviceScratch(1, std::max<size_t>(s.count, 1) * E);
+  c.share(a.send, a.count * E, 0, true, &c.mine.sendPtr, &c.mine.send);
+  c.mine.recvPtr = reinterpret_cast<uintptr_t>(sum);  // scratch from cudaMalloc: shareable as it is
+  c.mine.recv = c.rt.ipcExport(sum);
+  const std::vector<DeviceRecord> recs = c.exchange();
+  // 1. This rank's slice, summed over the node.
+  const ReduceOp op = a.op == ReduceOp::Avg ? ReduceOp::Sum : a.op;
+  if (s.count > 0) {
+    std::vector<const void*> srcs(c.L);
+    for (size_t p = 0; p < c.L; ++p) srcs[p] = c.peer(recs, p, true) + s.offset * E;
+    c.rt.reduceAsync(sum, srcs.data(), static_cast<int>(c.L), s.count, a.type, op, 1, c.work);
+  }
+  c.drain();
+  c.barrierHere();
+  // 2. The slice across nodes, to this column's rank on the root's node.
+  const size_t per = chunkElems(E, 1);
+  const bool receives = c.node == rootNode;
+  for (size_t done = 0, k = 0; done < s.count; done += per, ++k) {
+    const size_t n = std::min(per, s.count - done);
+    c.acrossNodes(
+        k, n * E,
+        [&](uint8_t* h, device::StreamHandle cs) { return c.rt.copyAsync(h, sum + done * E, n * E, cs), true; },
+        [&](Context& chunk, uint8_t* h) {
+          Args across = onHost(a, h, n);
+          across.op = op;
+          across.root = static_cast<int>(rootNode);
+          reduceAcrossNodes(chunk, c.column, across);
+          if (receives && a.op == ReduceOp::Avg) kernels::divide(h, n, a.type, c.comm.size());
+        },
+        [&](uint8_t* h, device::StreamHandle cs) {
+          return receives && (c.rt.copyAsync(sum + done * E, h, n * E, cs), true);
+        });
+  }
+  c.barrierHere();
+  // 3. The root gathers the slices from its node's ranks.
+  if (isRoot) {
+    for (size_t p = 0; p < c.L; ++p) {
+      const Segment& t = slices[p];
+      if (t.count > 0)
+        c.rt.copyAsync(static_cast<uint8_t*>(a.recv) + t.offset * E, c.peer(recs, p, false), t.count * E, c.work);
+    }
+    c.drain();
+  }
+  c.barrierHere();
+}
+
 void run(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t seq, DeviceState& st) {
   comm.diagnostics().enterCall(seq, sig, kAlgo);
   if (a.count == 0) return;  // the count is in the signature: every rank skips alike
@@ -298,6 +354,7 @@ void run(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t
     if (kind == Coll::Broadcast) broadcast(c);
     if (kind == Coll::AllGather) allGather(c);
     if (kind == Coll::ReduceScatter) reduceScatter(c);
+    if (kind == Coll::Reduce) reduce(c);
   } catch (const Error&) {
     // A rank that gives up mid-exchange must not leave its peers waiting at a barrier.
     failCommunicatorWithCurrent(comm, c.label);
@@ -308,8 +365,7 @@ void run(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t
 }  // namespace
 
 bool deviceNodesUsable(const detail::CommImpl& c, Coll kind) {
-  if (kind != Coll::AllReduce && kind != Coll::Broadcast && kind != Coll::AllGather && kind != Coll::ReduceScatter)
-    return false;
+  if (kind == Coll::AllToAll) return false;
   if (c.nodeCount() < 2) return false;
   const int L = c.localSize();
   if (L < 2) return false;

@@ -15,8 +15,10 @@
 //     then, within each node, each rank copies the other columns' blocks from their holders.
 //   reduce-scatter: local rank l sums over the node, through CUDA IPC, the input blocks of column
 //     l's ranks; column l reduce-scatters them across nodes (staged, in chunks).
-// The last barrier of each means no peer reads this rank's buffers any more. Reduce and
-// all-to-all across nodes are staged flat (device_staging.hpp).
+//   reduce: as all-reduce's steps 1 and 2 (into scratch, across nodes to the column's rank on the
+//     root's node), then the root copies the slices from its node's ranks.
+// The last barrier of each means no peer reads this rank's buffers any more. All-to-all across
+// nodes is staged flat (device_staging.hpp).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,7 @@ namespace loom {
 namespace coll {
 
 /// Whether collective `kind` on device buffers runs node-aware on this communicator (above):
-/// all-reduce, broadcast, all-gather or reduce-scatter, on two or more nodes of L >= 2 ranks each, linked within
+/// any but all-to-all, on two or more nodes of L >= 2 ranks each, linked within
 /// each node by cuda_ipc. The same answer on every rank.
 bool deviceNodesUsable(const detail::CommImpl& c, Coll kind);
 

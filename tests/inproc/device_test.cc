@@ -122,8 +122,8 @@ INSTANTIATE_TEST_SUITE_P(Links, DeviceMatrix,
 // Node-aware collectives on device buffers (2 nodes of 2, 3 nodes of 2): CUDA IPC within each
 // node, the steps across nodes in many chunks of the 4 KiB staging slot. All-reduce of datatypes
 // and ops that end differently (avg divides once), broadcast from roots on either node and in
-// either column, all-gather of blocks of many chunks and of one element, reduce-scatter; in place
-// and not, from
+// either column, all-gather of blocks of many chunks and of one element, reduce-scatter, reduce to
+// roots anywhere; in place and not, from
 // a stream-ordered pool too. Only these run, so the n-input reductions counted are the node steps'.
 TEST(DeviceNodes, CollectivesAreNodeAwareThroughManyChunks) {
   for (const char* layout : {"mixed", "mixed3"}) {
@@ -145,6 +145,9 @@ TEST(DeviceNodes, CollectivesAreNodeAwareThroughManyChunks) {
           loomtest::runCase(c, "all_gather", Case{DataType::Int8, ReduceOp::Sum, 1, inPlace, 0}, fail);
           loomtest::runCase(c, "reduce_scatter", Case{DataType::Float32, ReduceOp::Avg, 2503, inPlace, 0}, fail);
           loomtest::runCase(c, "reduce_scatter", Case{DataType::Int32, ReduceOp::Prod, 7, inPlace, 0}, fail);
+          for (int root : {0, 1, n - 1})
+            loomtest::runCase(c, "reduce", Case{DataType::Float16, ReduceOp::Avg, 30011, inPlace, root}, fail);
+          loomtest::runCase(c, "reduce", Case{DataType::Uint8, ReduceOp::Min, 1, inPlace, n - 1}, fail);
         }
       });
       EXPECT_GT(device.dev.reductions(), 0) << "the node-aware path did not run";
