@@ -1,6 +1,7 @@
 // Every collective on CUDA device buffers, 1 to 4 ranks sharing one GPU, against the independent
 // reference: as threads of one process through CUDA IPC (pointers used as they are), staged over
-// shared memory (CUDA IPC left out) and over TCP; as processes through CUDA IPC (handles opened
+// shared memory (CUDA IPC left out) and over TCP, on two virtual nodes ("mixed": with 4 ranks the
+// node-aware path); as processes through CUDA IPC (handles opened
 // for real, loomrun and the device worker of the multiproc suite). And the stream semantics with
 // real CUDA streams, on both paths.
 #include <cuda_runtime.h>
@@ -37,7 +38,8 @@ TEST_P(GpuMatrix, EveryCollectiveOnDeviceBuffers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, GpuMatrix,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "noipc", "tcp")),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values("shm", "noipc", "tcp", "mixed")),
                          [](const ::testing::TestParamInfo<GpuParam>& i) {
                            return std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param);
                          });
