@@ -31,9 +31,10 @@ struct Descriptor {
   device::IpcHandle handle;
 };
 
-// The receiver's answer: 0 once it has read the bytes, else the capacity of its too small buffer.
+// The receiver's answer: that it has read the bytes, or refused them (with its buffer's size).
 struct Ack {
-  uint64_t refusedCapacity = 0;
+  uint64_t refused = 0;
+  uint64_t capacity = 0;
 };
 
 enum class Way { Staged, Ipc, AnySource };
@@ -142,19 +143,29 @@ size_t runOps(detail::CommImpl& c, DeviceState& st, const std::vector<PointToPoi
         s.req = c.postSend(op.peer, &d, sizeof(Descriptor), op.tag, l, kDeviceIpcMessage);
       }
     }
-  // Receives: read the peers' bytes in place, or copy the staged ones back.
-  std::vector<size_t> ipcReads;
+  // Receives: read the peers' bytes in place, or copy the staged ones back. A receive that fails
+  // does not stop the others: every sender through CUDA IPC waits for its answer.
+  std::vector<size_t> answers;
+  Status firstFailure;
   for (size_t i = 0; i < ops.size(); ++i) {
     const PointToPoint& op = ops[i];
     Op& s = state[i];
     if (op.send) continue;
-    s.req->wait();
+    try {
+      s.req->wait();
+    } catch (const Error&) {
+      if (firstFailure.ok) firstFailure = statusFromCurrentException();
+      continue;
+    }
     s.source = s.way == Way::AnySource ? s.req->source() : op.peer;
     const bool descriptor =
         s.way == Way::Ipc || (s.way == Way::AnySource && s.req->matchedSignature() == kDeviceIpcMessage);
     if (!descriptor) {
       s.received = s.req->bytes();
-      if (s.received > s.bytes) throw truncationError(s.source, op.tag, s.received, s.bytes).toError(c.rank());
+      if (s.received > s.bytes) {
+        if (firstFailure.ok) firstFailure = truncationError(s.source, op.tag, s.received, s.bytes);
+        continue;
+      }
       rt.copyAsync(op.buf, h + s.at, s.received, cs.h2d);
       continue;
     }
@@ -164,25 +175,28 @@ size_t runOps(detail::CommImpl& c, DeviceState& st, const std::vector<PointToPoi
                           strFormat("a device send's descriptor from rank %d is malformed", s.source), s.source)
           .toError(c.rank());
     }
+    answers.push_back(i);
     if (s.desc.bytes > s.bytes) {
-      // The sender waits for an answer: it hears why, and this receive fails.
-      s.ack.refusedCapacity = std::max<uint64_t>(s.bytes, 1);
-      s.ackSent =
-          c.postSend(s.source, &s.ack, sizeof(Ack), s.desc.ackTag, labelOf(op, toString(op.type)), kDeviceIpcAck);
-      s.ackSent->wait();
-      throw truncationError(s.source, op.tag, s.desc.bytes, s.bytes).toError(c.rank());
+      // The sender hears why in its answer, and this receive fails.
+      s.ack.refused = 1;
+      s.ack.capacity = s.bytes;
+      if (firstFailure.ok) firstFailure = truncationError(s.source, op.tag, s.desc.bytes, s.bytes);
+      continue;
     }
     s.received = s.desc.bytes;
     if (s.received > 0) rt.copyAsync(op.buf, resolve(c, rt, s.desc, dev), s.received, cs.d2h);
-    ipcReads.push_back(i);
   }
   drainStream(rt, cs.d2h, c, "a device receive's copy from its sender's buffer");
   drainStream(rt, cs.h2d, c, "a staged copy to the device");
-  // The bytes are read: the senders may reuse their buffers.
-  for (size_t i : ipcReads) {
+  // The bytes are read (or refused): the senders may reuse their buffers.
+  for (size_t i : answers) {
     Op& s = state[i];
     s.ackSent =
         c.postSend(s.source, &s.ack, sizeof(Ack), s.desc.ackTag, labelOf(ops[i], toString(ops[i].type)), kDeviceIpcAck);
+  }
+  if (!firstFailure.ok) {
+    for (size_t i : answers) state[i].ackSent->wait();
+    throw firstFailure.toError(c.rank());
   }
   size_t received = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -191,13 +205,13 @@ size_t runOps(detail::CommImpl& c, DeviceState& st, const std::vector<PointToPoi
       s.req->wait();
       if (s.ackReq) {
         s.ackReq->wait();
-        if (s.ack.refusedCapacity != 0)
-          throw Status::error(ErrorCode::InvalidUsage,
-                              strFormat("message of %zu bytes to rank %d (tag %u) is larger than the receive buffer "
-                                        "rank %d posted (%llu bytes)",
-                                        s.bytes, ops[i].peer, ops[i].tag, ops[i].peer,
-                                        static_cast<unsigned long long>(s.ack.refusedCapacity)),
-                              ops[i].peer)
+        if (s.ack.refused != 0)
+          throw Status::error(
+              ErrorCode::InvalidUsage,
+              strFormat("message of %zu bytes to rank %d (tag %u) is larger than the receive buffer "
+                        "rank %d posted (%llu bytes)",
+                        s.bytes, ops[i].peer, ops[i].tag, ops[i].peer, static_cast<unsigned long long>(s.ack.capacity)),
+              ops[i].peer)
               .toError(c.rank());
       }
     } else {

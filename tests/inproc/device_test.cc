@@ -585,6 +585,47 @@ TEST_P(DevicePath, AReceiveTooSmallFailsBothEnds) {
   expectPath(device.dev);
 }
 
+// A group whose one receive fails (a host message larger than a device receive from any source)
+// still reads and answers its other receives: their senders through CUDA IPC complete, not time out.
+TEST(DeviceIpc, AFailedReceiveInAGroupStillAnswersTheOthers) {
+  FakeDeviceScope device(0, true);
+  loom::Options o;
+  o.timeout = std::chrono::milliseconds(20000);
+  auto results = loomtest::runRanks(
+      3,
+      [&](loom::Communicator& c) {
+        const int r = c.rank();
+        void* s = device.stream(r);
+        auto* d = static_cast<int32_t*>(device.alloc(4096 * 4));
+        std::vector<int32_t> h(4096, 7);
+        for (int i = 0; i < 4096; ++i) d[i] = r;
+        const auto start = std::chrono::steady_clock::now();
+        if (r == 0) {
+          loom::Work w = c.igroup(
+              {{false, d, 16, DataType::Int32, loom::kAnySource, 1}, {false, d + 1024, 1024, DataType::Int32, 2, 2}},
+              s);
+          try {
+            w.wait();
+            ADD_FAILURE() << "the receive too small went unnoticed";
+          } catch (const loom::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("larger than the receive buffer"), std::string::npos) << e.what();
+          }
+          device.dev.synchronize(s);
+          EXPECT_EQ(d[1024 + 1023], 2) << "the other receive was not read";
+        } else if (r == 1) {
+          c.send(h.data(), 4096, DataType::Int32, 0, 1);
+        } else {
+          loom::Work w = c.isend(d, 1024, DataType::Int32, 0, 2, s);
+          w.wait();
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "it waited for its timeout";
+        }
+        device.dev.synchronize(s);
+        device.free(d);
+      },
+      o);
+  for (int r = 1; r < 3; ++r) EXPECT_EQ(results[static_cast<size_t>(r)].error, "") << "rank " << r;
+}
+
 // Between ranks of one node, a device send and a host receive (or the reverse) is an error that
 // names both kinds, not bytes of a descriptor taken as data. The device sender, whose receive
 // never comes, fails at its timeout.
