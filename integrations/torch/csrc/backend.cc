@@ -195,24 +195,15 @@ WorkPtr ProcessGroupLoom::allgather_coalesced(std::vector<std::vector<at::Tensor
       outs.push_back(o);
     }
   }
-  // The inputs' bytes one after another (any dtypes): one all-gather moves them all.
-  std::vector<at::Tensor> pieces;
-  std::vector<int64_t> widths;
-  for (const auto& t : inputs) {
-    pieces.push_back(t.contiguous().reshape({-1}).view(at::kByte));
-    widths.push_back(pieces.back().numel());
-  }
-  at::Tensor flat = at::cat(pieces);
+  // One all-gather moves every input's bytes.
+  PackedBytes packed = packBytes(inputs);
+  at::Tensor flat = packed.block;
   const int64_t block = flat.numel();
   at::Tensor all = at::empty({block * size}, flat.options());
-  auto finisher = [all, block, widths, outputLists]() mutable {
-    for (size_t r = 0; r < outputLists.size(); ++r) {
-      int64_t offset = static_cast<int64_t>(r) * block;
-      for (size_t i = 0; i < widths.size(); ++i) {
-        at::Tensor& o = outputLists[r][i];
-        o.copy_(all.narrow(0, offset, widths[i]).view(o.scalar_type()).view(o.sizes()));
-        offset += widths[i];
-      }
+  auto finisher = [all, size, packed, outputLists]() mutable {
+    for (size_t i = 0; i < packed.widths.size(); ++i) {
+      at::Tensor each = unpackFromEveryRank(all, size, packed, i, outputLists[0][i]);
+      for (size_t r = 0; r < outputLists.size(); ++r) outputLists[r][i].copy_(each[static_cast<int64_t>(r)]);
     }
   };
   return start(*this, OpType::ALLGATHER_COALESCED, "loom:all_gather_coalesced", outs,

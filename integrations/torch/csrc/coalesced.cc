@@ -35,9 +35,6 @@ void checkPairs(const std::vector<at::Tensor>& outputs, const std::vector<at::Te
   }
 }
 
-// Tensor `t` as a flat view of its bytes (contiguous: a copy where `t` is not).
-at::Tensor bytesOfTensor(const at::Tensor& t) { return t.contiguous().reshape({-1}).view(at::kByte); }
-
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -45,23 +42,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
                                                                                  const c10d::AllgatherOptions&) {
   const int size = getSize();
   checkPairs(outputs, inputs, size, true, "allgather_into_tensor_coalesced");
-  std::vector<at::Tensor> pieces;
-  std::vector<int64_t> widths;  // bytes of input i
-  for (const auto& t : inputs) {
-    pieces.push_back(bytesOfTensor(t));
-    widths.push_back(pieces.back().numel());
-  }
-  at::Tensor block = at::cat(pieces);
+  PackedBytes packed = packBytes(inputs);
+  at::Tensor block = packed.block;
   const int64_t blockBytes = block.numel();
   at::Tensor all = at::empty({blockBytes * size}, block.options());
-  // Rank r's block holds every input's bytes; output i takes piece i of each block, in rank order.
-  auto finisher = [all, blockBytes, widths, outputs, size]() mutable {
-    int64_t offset = 0;
-    for (size_t i = 0; i < widths.size(); ++i) {
-      at::Tensor parts = all.view({size, blockBytes}).narrow(1, offset, widths[i]);
-      outputs[i].copy_(parts.reshape({-1}).view(outputs[i].scalar_type()).view(outputs[i].sizes()));
-      offset += widths[i];
-    }
+  // Rank r's block holds every input's bytes; output i takes input i of each block, in rank order.
+  auto finisher = [all, size, packed, inputs, outputs]() mutable {
+    for (size_t i = 0; i < packed.widths.size(); ++i)
+      outputs[i].copy_(unpackFromEveryRank(all, size, packed, i, inputs[i]).view(outputs[i].sizes()));
   };
   return start(*this, c10d::OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", outputs,
                [&] {

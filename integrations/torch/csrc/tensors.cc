@@ -78,4 +78,28 @@ loom::ReduceOp reduceOp(const c10d::ReduceOp& op, at::ScalarType type, const cha
 
 at::Tensor contiguousView(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
+PackedBytes packBytes(const std::vector<at::Tensor>& tensors) {
+  PackedBytes out;
+  std::vector<at::Tensor> pieces;
+  for (const auto& t : tensors) {
+    pieces.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+    out.widths.push_back(pieces.back().numel());
+  }
+  out.block = at::cat(pieces);
+  return out;
+}
+
+at::Tensor unpackFromEveryRank(const at::Tensor& all, int size, const PackedBytes& packed, size_t i,
+                               const at::Tensor& like) {
+  int64_t offset = 0;
+  for (size_t j = 0; j < i; ++j) offset += packed.widths[j];
+  std::vector<int64_t> shape{size};
+  for (int64_t d : like.sizes()) shape.push_back(d);
+  return all.view({size, packed.block.numel()})
+      .narrow(1, offset, packed.widths[i])
+      .contiguous()
+      .view(like.scalar_type())
+      .view(shape);
+}
+
 }  // namespace loom_torch

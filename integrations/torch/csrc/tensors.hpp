@@ -30,4 +30,16 @@ inline size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel(
 /// the caller copies back into `t` after an operation that writes it).
 at::Tensor contiguousView(const at::Tensor& t);
 
+/// The bytes of `tensors` one after another, whatever their dtypes, and each one's width in bytes:
+/// one rank's block of a byte all-gather that moves them all at once.
+struct PackedBytes {
+  at::Tensor block;
+  std::vector<int64_t> widths;
+};
+PackedBytes packBytes(const std::vector<at::Tensor>& tensors);
+/// Tensor i of every rank's block in `all` (the gathered blocks of `size` ranks, in rank order),
+/// as `like` (its dtype and shape) per rank: a [size, ...like's shape] view.
+at::Tensor unpackFromEveryRank(const at::Tensor& all, int size, const PackedBytes& packed, size_t i,
+                               const at::Tensor& like);
+
 }  // namespace loom_torch
