@@ -15,8 +15,15 @@ repeats, busbw as nccl-tests computes it (2(n-1)/n x size / time), Loom's busbw 
 With --ddp-steps, it then times a DistributedDataParallel training step of a small CNN on
 MNIST-shaped data (batch 64 per rank) over each backend.
 
+With --device cuda (PyTorch with CUDA, loom_torch built against it), the tensors are CUDA tensors
+(rank r on GPU r mod the GPUs present; several ranks may share one), each loop ends with
+torch.cuda.synchronize(), "direct" is left out, and where every rank has a GPU of its own (one rank
+on a one-GPU machine) a column "nccl" times backend "nccl" on the same tensors; --ddp-model resnet18
+times torchvision's ResNet-18 on synthetic 224x224 images (batch 32 per rank) instead of the CNN.
+
   /usr/bin/python3 bench/torch_allreduce.py [--ranks 2,4] [--sizes 8,1K,64K,1M,16M,64M]
-      [--repeats 5] [--ddp-steps 30] [--build build] [--json FILE]
+      [--repeats 5] [--ddp-steps 30] [--device cpu|cuda] [--ddp-model cnn|resnet18] [--build build]
+      [--json FILE]
 
 It imports loom_torch from <build>/integrations/torch/lib (built with the project when
 python3-torch and libtorch-dev are installed), else from the installed one.
@@ -57,6 +64,10 @@ def rank_main(rank, world, args, init, out):
     import loom_torch
 
     torch.set_num_threads(1)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     timeout = datetime.timedelta(seconds=300)
     dist.init_process_group("loom", init_method=init, rank=rank, world_size=world, timeout=timeout)
     loom = dist.distributed_c10d._get_default_group()
@@ -64,6 +75,9 @@ def rank_main(rank, world, args, init, out):
     loom_tcp = dist.new_group(backend="loom", timeout=timeout)
     del os.environ["LOOM_TRANSPORT"]
     gloo = dist.new_group(backend="gloo", timeout=timeout)
+    nccl = None
+    if cuda and world <= torch.cuda.device_count():
+        nccl = dist.new_group(backend="nccl", timeout=timeout)
     direct_backend = loom._get_backend(torch.device("cpu")) if hasattr(loom, "_get_backend") else loom
 
     def slowest(seconds):
@@ -71,24 +85,38 @@ def rank_main(rank, world, args, init, out):
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
         return t.item()
 
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
     def timed(fn, group, iters):
         fn()  # warm up
-        dist.barrier(group=group)
+        sync()
+        dist.barrier(group=gloo)
         start = time.perf_counter()
         for _ in range(iters):
             fn()
+        sync()
         return slowest((time.perf_counter() - start) / iters)
 
     results = []
     for size in args.sizes:
-        t = torch.ones(max(1, size // 4))
+        t = torch.ones(max(1, size // 4), device=device)
         iters = iterations(size)
-        runs = {"loom": [], "loom-tcp": [], "gloo": [], "direct": []}
+        runs = {"loom": [], "loom-tcp": [], "gloo": []}
+        if cuda:
+            if nccl is not None:
+                runs["nccl"] = []
+        else:
+            runs["direct"] = []
         for _ in range(args.repeats):
             runs["loom"].append(timed(lambda: dist.all_reduce(t, group=loom), loom, iters))
             runs["loom-tcp"].append(timed(lambda: dist.all_reduce(t, group=loom_tcp), loom_tcp, iters))
             runs["gloo"].append(timed(lambda: dist.all_reduce(t, group=gloo), gloo, iters))
-            runs["direct"].append(timed(lambda: loom_torch._C.all_reduce_direct(direct_backend, t), loom, iters))
+            if "direct" in runs:
+                runs["direct"].append(timed(lambda: loom_torch._C.all_reduce_direct(direct_backend, t), loom, iters))
+            if "nccl" in runs:
+                runs["nccl"].append(timed(lambda: dist.all_reduce(t, group=nccl), nccl, iters))
         results.append({"size": size, "iters": iters, **{k: statistics.median(v) for k, v in runs.items()}})
 
     ddp = {}
@@ -108,8 +136,20 @@ def rank_main(rank, world, args, init, out):
                 return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
         torch.manual_seed(0)
-        x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
-        models = {name: DDP(SmallCNN(), process_group=g) for name, g in (("loom", loom), ("gloo", gloo))}
+        if args.ddp_model == "resnet18":
+            import torchvision
+
+            def make():
+                return torchvision.models.resnet18(num_classes=10).to(device)
+
+            x, y = torch.randn(32, 3, 224, 224, device=device), torch.randint(0, 10, (32,), device=device)
+        else:
+            def make():
+                return SmallCNN().to(device)
+
+            x, y = torch.randn(64, 1, 28, 28, device=device), torch.randint(0, 10, (64,), device=device)
+        ids = [device.index] if cuda else None
+        models = {name: DDP(make(), device_ids=ids, process_group=g) for name, g in (("loom", loom), ("gloo", gloo))}
         opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
         steps = {name: [] for name in models}
         for step in range(args.ddp_steps + 3):
@@ -119,6 +159,7 @@ def rank_main(rank, world, args, init, out):
                 opts[name].zero_grad()
                 F.cross_entropy(m(x), y).backward()
                 opts[name].step()
+                sync()
                 elapsed = slowest(time.perf_counter() - start)
                 if step >= 3:
                     steps[name].append(elapsed)
@@ -140,6 +181,8 @@ def main():
     parser.add_argument("--sizes", default="8,1K,64K,1M,16M,64M")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ddp-steps", type=int, default=30)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--ddp-model", choices=("cnn", "resnet18"), default="cnn")
     parser.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"))
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -164,22 +207,28 @@ def main():
                 sys.exit("torch_allreduce: a rank failed (exit codes %s)" % [p.exitcode for p in procs])
         report.append(out.get())
 
-    print("# torch.distributed.all_reduce, float32 sum, CPU tensors; medians of %d repeats; time in us, busbw "
-          "in GB/s" % args.repeats)
+    print("# torch.distributed.all_reduce, float32 sum, %s tensors; medians of %d repeats; time in us, busbw "
+          "in GB/s" % (args.device.upper(), args.repeats))
+    last = "direct" if args.device == "cpu" else "nccl"
     print("%5s %8s %10s %7s %10s %7s %10s %7s %10s %7s %10s %9s" % (
-        "ranks", "size", "loom", "busbw", "loom-tcp", "busbw", "gloo", "busbw", "direct", "busbw", "loom/gloo",
-        "overhead"))
+        "ranks", "size", "loom", "busbw", "loom-tcp", "busbw", "gloo", "busbw", last, "busbw", "loom/gloo",
+        "overhead" if last == "direct" else "nccl/loom"))
     for run in report:
         n = run["ranks"]
         for r in run["results"]:
             s = r["size"]
             ratio = r["gloo"] / r["loom"] if s <= 1024 else busbw(s, r["loom"], n) / max(busbw(s, r["gloo"], n), 1e-12)
-            print("%5d %8s %10.1f %7.2f %10.1f %7.2f %10.1f %7.2f %10.1f %7.2f %9.2fx %8.1f%%" % (
+            other = r.get(last)
+            extra = ("%10.1f %7.2f" % (other * 1e6, busbw(s, other, n))) if other else "%10s %7s" % ("-", "-")
+            tail = ("%8.1f%%" % ((r["loom"] / other - 1) * 100) if last == "direct" else "%8.2fx" % (other / r["loom"])
+                    ) if other else "%9s" % "-"
+            print("%5d %8s %10.1f %7.2f %10.1f %7.2f %10.1f %7.2f %s %9.2fx %s" % (
                 n, human(s), r["loom"] * 1e6, busbw(s, r["loom"], n), r["loom-tcp"] * 1e6, busbw(s, r["loom-tcp"], n),
-                r["gloo"] * 1e6, busbw(s, r["gloo"], n), r["direct"] * 1e6, busbw(s, r["direct"], n), ratio,
-                (r["loom"] / r["direct"] - 1) * 100))
+                r["gloo"] * 1e6, busbw(s, r["gloo"], n), extra, ratio, tail))
     if any(run["ddp"] for run in report):
-        print("# DDP training step, small CNN (batch 64 per rank), medians; time in ms")
+        what = ("ResNet-18, 224x224 (batch 32 per rank)" if args.ddp_model == "resnet18"
+                else "small CNN (batch 64 per rank)")
+        print("# DDP training step, %s, %s, medians; time in ms" % (what, args.device.upper()))
         print("%5s %10s %10s %10s %10s" % ("ranks", "params", "loom", "gloo", "gloo/loom"))
         for run in report:
             d = run["ddp"]

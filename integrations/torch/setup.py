@@ -1,8 +1,10 @@
 """Builds loom_torch, Loom's torch.distributed backend, against the installed PyTorch.
 
 Loom itself is found with pkg-config (`loom.pc`, installed by `meson install`; for a build tree,
-PKG_CONFIG_PATH=<build>/meson-uninstalled). The extension records Loom's library directory as its
-rpath, so no LD_LIBRARY_PATH is needed.
+PKG_CONFIG_PATH=<build>/meson-uninstalled), or from LOOM_CFLAGS and LOOM_LIBS where both are set
+(a machine without pkg-config). The extension records Loom's library directory as its rpath, so no
+LD_LIBRARY_PATH is needed. Against PyTorch built with CUDA (torch.version.cuda set, and the CUDA
+toolkit found), the backend also takes CUDA tensors (csrc/device.cc, LOOM_TORCH_CUDA).
 
     /usr/bin/python3 setup.py build --build-base BUILD_DIR --build-lib OUT_DIR
 """
@@ -11,10 +13,17 @@ import subprocess
 import sys
 
 from setuptools import setup
+import torch
+from torch.utils import cpp_extension
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 
 def pkg_config(what):
+    env = {"--cflags": "LOOM_CFLAGS", "--libs": "LOOM_LIBS"}
+    if os.environ.get("LOOM_CFLAGS") is not None and os.environ.get("LOOM_LIBS") is not None:
+        if what == "--modversion":
+            return ["0"]
+        return os.environ[env[what]].split()
     try:
         out = subprocess.check_output(["pkg-config", what, "loom"], text=True)
     except (OSError, subprocess.CalledProcessError) as e:
@@ -33,6 +42,22 @@ if "--stamp" in sys.argv:
 
 # Paths below are relative to this folder, wherever the build runs from.
 os.chdir(os.path.dirname(os.path.abspath(__file__)))
+
+# CUDA tensors: PyTorch's CUDA headers and libraries (c10_cuda, torch_cuda) and the toolkit's headers.
+with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+Extension = CppExtension
+defines = []
+if with_cuda:
+    from torch.utils.cpp_extension import CUDAExtension
+    Extension = CUDAExtension
+    # PyTorch's c10/cuda/CUDAEvent.h aligns with std::hardware_destructive_interference_size, which
+    # gcc 12+ warns about in every file that includes it.
+    defines = ["-DLOOM_TORCH_CUDA", "-Wno-interference-size"]
+
+# The C++ library ABI PyTorch was built with: recent PyTorch no longer passes it to extensions, and a
+# compiler whose default differs (some toolchains default to the old std::string) builds an
+# extension that crashes at its first call with a std::string into libtorch or Loom.
+abi = ["-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI)]
 
 cflags = pkg_config("--cflags")
 libs = pkg_config("--libs")
@@ -53,11 +78,11 @@ try:
         description="Loom collectives as a torch.distributed backend",
         packages=["loom_torch"],
         ext_modules=[
-            CppExtension(
+            Extension(
                 "loom_torch._C",
                 sources=["csrc/module.cc", "csrc/backend.cc", "csrc/work.cc", "csrc/tensors.cc", "csrc/sparse.cc",
-                         "csrc/coalesced.cc"],
-                extra_compile_args=cflags + ["-std=c++17", "-O2", "-Wall", "-Wno-unused-parameter",
+                         "csrc/coalesced.cc", "csrc/device.cc"],
+                extra_compile_args=cflags + defines + abi + ["-std=c++17", "-O2", "-Wall", "-Wno-unused-parameter",
                                              "-Wno-deprecated-declarations",
                                              # gcc 13+ warns inside PyTorch 2.x's own headers
                                              "-Wno-dangling-reference", "-Werror"],

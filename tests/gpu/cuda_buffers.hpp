@@ -31,19 +31,29 @@ class CudaBuffers : public DeviceBuffers {
   /// CUDA IPC cannot share, as with PyTorch's cudaMallocAsync allocator backend.
   explicit CudaBuffers(bool pooled = false) : pool_(allocator(pooled), releaser(pooled)) {
     for (auto& s : streams_) (void)cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    (void)cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking);
     setDeviceBuffers(this);
   }
   ~CudaBuffers() override {
     setDeviceBuffers(nullptr);
     for (auto& s : streams_) (void)cudaStreamDestroy(s);
+    (void)cudaStreamDestroy(copies_);
   }
   void* alloc(size_t bytes) override { return pool_.take(bytes); }
   void free(void* p) override { pool_.give(p); }  // cudaFree would wait for peers' held streams
+  // Through a stream of their own, waited for: cudaMemcpy from pageable memory may return before
+  // its copy has landed, and the ranks' streams are non-blocking, so a collective queued next
+  // would not wait for it (a real H200 read stale inputs that way). The legacy stream is no
+  // answer: it waits for blocking streams, which a peer's held collective may be.
   void upload(void* d, const void* h, size_t bytes) override {
-    if (cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("upload failed");
+    if (cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, copies_) != cudaSuccess ||
+        cudaStreamSynchronize(copies_) != cudaSuccess)
+      throw std::runtime_error("upload failed");
   }
   void download(void* h, const void* d, size_t bytes) override {
-    if (cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("download failed");
+    if (cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, copies_) != cudaSuccess ||
+        cudaStreamSynchronize(copies_) != cudaSuccess)
+      throw std::runtime_error("download failed");
   }
   void* stream(int rank) override { return streams_[rank]; }
   void synchronize(void* s) override {
@@ -73,6 +83,7 @@ class CudaBuffers : public DeviceBuffers {
   }
 
   cudaStream_t streams_[8] = {};
+  cudaStream_t copies_ = nullptr;  // uploads and downloads
   BlockPool pool_;
 };
 

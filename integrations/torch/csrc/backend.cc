@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
 
@@ -55,9 +57,10 @@ void checkTag(int tag, const char* op) {
 }  // namespace
 
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                   std::chrono::milliseconds timeout)
-    : BackendBase(rank, size), store_(store), timeout_(timeout) {
+                                   std::chrono::milliseconds timeout, std::shared_ptr<loom::Communicator> shared)
+    : BackendBase(rank, size), comm_(std::move(shared)), store_(store), timeout_(timeout) {
   TORCH_CHECK(store, "loom: init_process_group gave no store");
+  if (comm_) return;
   loom::UniqueId id;
   if (rank == 0) {
     id = loom::UniqueId::create();
@@ -71,7 +74,7 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
   options.timeout = timeout;
   options.initTimeout = timeout;
   options.name = "torch";
-  comm_ = std::make_unique<loom::Communicator>(rank, size, id, options);
+  comm_ = std::make_shared<loom::Communicator>(rank, size, id, options);
 }
 
 ProcessGroupLoom::~ProcessGroupLoom() {
@@ -93,9 +96,9 @@ WorkPtr ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors, const c10d
   TORCH_CHECK(opts.rootTensor == 0, "loom: broadcast: root tensor ", opts.rootTensor, " (one tensor per process)");
   at::Tensor buf = contiguousView(t);
   return start(*this, OpType::BROADCAST, "loom:broadcast", tensors,
-               [&] {
+               [&](void* stream) {
                  return comm_->ibroadcast(buf.data_ptr(), buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8,
-                                          static_cast<int>(opts.rootRank));
+                                          static_cast<int>(opts.rootRank), stream);
                },
                copyBack(t, buf), {buf});
 }
@@ -106,17 +109,19 @@ WorkPtr ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors, const c10d
   const loom::DataType type = reduceType(t.scalar_type(), "allreduce");
   const loom::ReduceOp op = reduceOp(opts.reduceOp, t.scalar_type(), "allreduce");
   at::Tensor buf = contiguousView(t);
-  return start(
-      *this, OpType::ALLREDUCE, "loom:all_reduce", tensors,
-      [&] { return comm_->iallReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, op); },
-      copyBack(t, buf), {buf});
+  return start(*this, OpType::ALLREDUCE, "loom:all_reduce", tensors,
+               [&](void* stream) {
+                 return comm_->iallReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, op,
+                                          stream);
+               },
+               copyBack(t, buf), {buf});
 }
 
 WorkPtr ProcessGroupLoom::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                               const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "loom: allreduce_coalesced: no tensors");
   for (const auto& t : tensors) {
-    checkHostTensor(t, "allreduce_coalesced");
+    checkTensor(t, "allreduce_coalesced");
     TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "loom: allreduce_coalesced: tensors of dtypes ",
                 tensors[0].scalar_type(), " and ", t.scalar_type(), " (one dtype per call)");
   }
@@ -125,7 +130,9 @@ WorkPtr ProcessGroupLoom::allreduce_coalesced(std::vector<at::Tensor>& tensors,
   at::Tensor flat = flatten(tensors);
   return start(
       *this, OpType::ALLREDUCE_COALESCED, "loom:all_reduce_coalesced", tensors,
-      [&] { return comm_->iallReduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), type, op); },
+      [&](void* stream) {
+        return comm_->iallReduce(flat.data_ptr(), flat.data_ptr(), static_cast<size_t>(flat.numel()), type, op, stream);
+      },
       [flat, tensors]() mutable { unflatten(flat, tensors); }, {flat});
 }
 
@@ -136,9 +143,9 @@ WorkPtr ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors, const c10d::R
   const loom::ReduceOp op = reduceOp(opts.reduceOp, t.scalar_type(), "reduce");
   at::Tensor buf = contiguousView(t);
   return start(*this, OpType::REDUCE, "loom:reduce", tensors,
-               [&] {
+               [&](void* stream) {
                  return comm_->ireduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, op,
-                                       static_cast<int>(opts.rootRank));
+                                       static_cast<int>(opts.rootRank), stream);
                },
                copyBack(t, buf), {buf});
 }
@@ -155,14 +162,16 @@ WorkPtr ProcessGroupLoom::allgather(std::vector<std::vector<at::Tensor>>& output
   at::Tensor flat = at::empty({static_cast<int64_t>(getSize()) * in.numel()}, in.options());
   return start(
       *this, OpType::ALLGATHER, "loom:all_gather", outs,
-      [&] { return comm_->iallGather(src.data_ptr(), flat.data_ptr(), bytesOf(src), loom::DataType::Uint8); },
+      [&](void* stream) {
+        return comm_->iallGather(src.data_ptr(), flat.data_ptr(), bytesOf(src), loom::DataType::Uint8, stream);
+      },
       [flat, outs]() mutable { unflatten(flat, outs); }, {src, flat});
 }
 
 WorkPtr ProcessGroupLoom::_allgather_base(at::Tensor& outputBuffer, at::Tensor& inputBuffer,
                                           const c10d::AllgatherOptions&) {
-  checkHostTensor(inputBuffer, "_allgather_base");
-  checkHostTensor(outputBuffer, "_allgather_base");
+  checkTensor(inputBuffer, "_allgather_base");
+  checkTensor(outputBuffer, "_allgather_base");
   TORCH_CHECK(outputBuffer.scalar_type() == inputBuffer.scalar_type(), "loom: _allgather_base: output dtype ",
               outputBuffer.scalar_type(), " differs from input dtype ", inputBuffer.scalar_type());
   TORCH_CHECK(outputBuffer.numel() == inputBuffer.numel() * getSize(), "loom: _allgather_base: output has ",
@@ -170,7 +179,9 @@ WorkPtr ProcessGroupLoom::_allgather_base(at::Tensor& outputBuffer, at::Tensor& 
   at::Tensor src = contiguousView(inputBuffer);
   at::Tensor dst = contiguousView(outputBuffer);
   return start(*this, OpType::_ALLGATHER_BASE, "loom:all_gather_base", {outputBuffer},
-               [&] { return comm_->iallGather(src.data_ptr(), dst.data_ptr(), bytesOf(src), loom::DataType::Uint8); },
+               [&](void* stream) {
+                 return comm_->iallGather(src.data_ptr(), dst.data_ptr(), bytesOf(src), loom::DataType::Uint8, stream);
+               },
                copyBack(outputBuffer, dst), {src, dst});
 }
 
@@ -180,14 +191,14 @@ WorkPtr ProcessGroupLoom::allgather_coalesced(std::vector<std::vector<at::Tensor
   const int size = getSize();
   TORCH_CHECK(static_cast<int>(outputLists.size()) == size, "loom: allgather_coalesced: expects ", size,
               " output lists (one per rank), got ", outputLists.size());
-  for (const auto& t : inputs) checkHostTensor(t, "allgather_coalesced");
+  for (const auto& t : inputs) checkTensor(t, "allgather_coalesced");
   std::vector<at::Tensor> outs;
   for (size_t r = 0; r < outputLists.size(); ++r) {
     TORCH_CHECK(outputLists[r].size() == inputs.size(), "loom: allgather_coalesced: output list ", r, " has ",
                 outputLists[r].size(), " tensors, the input list ", inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       const at::Tensor& o = outputLists[r][i];
-      checkHostTensor(o, "allgather_coalesced");
+      checkTensor(o, "allgather_coalesced");
       TORCH_CHECK(o.sizes().equals(inputs[i].sizes()), "loom: allgather_coalesced: output tensor ", i, " of list ", r,
                   " has size ", o.sizes(), ", input tensor ", i, " ", inputs[i].sizes());
       TORCH_CHECK(o.scalar_type() == inputs[i].scalar_type(), "loom: allgather_coalesced: output tensor ", i,
@@ -207,9 +218,9 @@ WorkPtr ProcessGroupLoom::allgather_coalesced(std::vector<std::vector<at::Tensor
     }
   };
   return start(*this, OpType::ALLGATHER_COALESCED, "loom:all_gather_coalesced", outs,
-               [&] {
+               [&](void* stream) {
                  return comm_->iallGather(flat.data_ptr(), all.data_ptr(), static_cast<size_t>(block),
-                                          loom::DataType::Uint8);
+                                          loom::DataType::Uint8, stream);
                },
                std::move(finisher), {flat, all});
 }
@@ -227,17 +238,17 @@ WorkPtr ProcessGroupLoom::reduce_scatter(std::vector<at::Tensor>& outputTensors,
   at::Tensor flat = flatten(inputTensors[0]);
   at::Tensor dst = contiguousView(out);
   return start(*this, OpType::REDUCE_SCATTER, "loom:reduce_scatter", outputTensors,
-               [&] {
+               [&](void* stream) {
                  return comm_->ireduceScatter(flat.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()), type,
-                                              op);
+                                              op, stream);
                },
                copyBack(out, dst), {flat, dst});
 }
 
 WorkPtr ProcessGroupLoom::_reduce_scatter_base(at::Tensor& outputBuffer, at::Tensor& inputBuffer,
                                                const c10d::ReduceScatterOptions& opts) {
-  checkHostTensor(inputBuffer, "_reduce_scatter_base");
-  checkHostTensor(outputBuffer, "_reduce_scatter_base");
+  checkTensor(inputBuffer, "_reduce_scatter_base");
+  checkTensor(outputBuffer, "_reduce_scatter_base");
   TORCH_CHECK(outputBuffer.scalar_type() == inputBuffer.scalar_type(), "loom: _reduce_scatter_base: output dtype ",
               outputBuffer.scalar_type(), " differs from input dtype ", inputBuffer.scalar_type());
   TORCH_CHECK(inputBuffer.numel() == outputBuffer.numel() * getSize(), "loom: _reduce_scatter_base: input has ",
@@ -246,10 +257,12 @@ WorkPtr ProcessGroupLoom::_reduce_scatter_base(at::Tensor& outputBuffer, at::Ten
   const loom::ReduceOp op = reduceOp(opts.reduceOp, outputBuffer.scalar_type(), "_reduce_scatter_base");
   at::Tensor src = contiguousView(inputBuffer);
   at::Tensor dst = contiguousView(outputBuffer);
-  return start(
-      *this, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_base", {outputBuffer},
-      [&] { return comm_->ireduceScatter(src.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()), type, op); },
-      copyBack(outputBuffer, dst), {src, dst});
+  return start(*this, OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_base", {outputBuffer},
+               [&](void* stream) {
+                 return comm_->ireduceScatter(src.data_ptr(), dst.data_ptr(), static_cast<size_t>(dst.numel()), type,
+                                              op, stream);
+               },
+               copyBack(outputBuffer, dst), {src, dst});
 }
 
 WorkPtr ProcessGroupLoom::gather(std::vector<std::vector<at::Tensor>>& outputTensors,
@@ -282,9 +295,9 @@ WorkPtr ProcessGroupLoom::gather(std::vector<std::vector<at::Tensor>>& outputTen
   std::function<void()> finisher;
   if (me == root) finisher = [flat, outs]() mutable { unflatten(flat, outs); };
   return start(*this, OpType::GATHER, "loom:gather", outs,
-               [&] {
+               [&](void* stream) {
                  return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, flat.data_ptr(), recvCounts,
-                                          recvDispls, loom::DataType::Uint8);
+                                          recvDispls, loom::DataType::Uint8, stream);
                },
                std::move(finisher), {src, flat});
 }
@@ -317,9 +330,9 @@ WorkPtr ProcessGroupLoom::scatter(std::vector<at::Tensor>& outputTensors,
   }
   at::Tensor dst = contiguousView(out);
   return start(*this, OpType::SCATTER, "loom:scatter", outputTensors,
-               [&] {
+               [&](void* stream) {
                  return comm_->iallToAllv(flat.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts,
-                                          recvDispls, loom::DataType::Uint8);
+                                          recvDispls, loom::DataType::Uint8, stream);
                },
                copyBack(out, dst), {flat, dst});
 }
@@ -362,8 +375,8 @@ void blocksOf(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
 WorkPtr ProcessGroupLoom::alltoall_base(at::Tensor& outputBuffer, at::Tensor& inputBuffer,
                                         std::vector<int64_t>& outputSplitSizes, std::vector<int64_t>& inputSplitSizes,
                                         const c10d::AllToAllOptions&) {
-  checkHostTensor(inputBuffer, "alltoall_base");
-  checkHostTensor(outputBuffer, "alltoall_base");
+  checkTensor(inputBuffer, "alltoall_base");
+  checkTensor(outputBuffer, "alltoall_base");
   TORCH_CHECK(outputBuffer.scalar_type() == inputBuffer.scalar_type(), "loom: alltoall_base: output dtype ",
               outputBuffer.scalar_type(), " differs from input dtype ", inputBuffer.scalar_type());
   at::Tensor src = contiguousView(inputBuffer);
@@ -374,9 +387,9 @@ WorkPtr ProcessGroupLoom::alltoall_base(at::Tensor& outputBuffer, at::Tensor& in
                 "loom: alltoall_base: input and output need the same number of elements, divisible by ", size,
                 " ranks; got ", inputBuffer.numel(), " and ", outputBuffer.numel());
     return start(*this, OpType::ALLTOALL_BASE, "loom:all_to_all", {outputBuffer},
-                 [&] {
+                 [&](void* stream) {
                    return comm_->iallToAll(src.data_ptr(), dst.data_ptr(), bytesOf(src) / static_cast<size_t>(size),
-                                           loom::DataType::Uint8);
+                                           loom::DataType::Uint8, stream);
                  },
                  copyBack(outputBuffer, dst), {src, dst});
   }
@@ -384,9 +397,9 @@ WorkPtr ProcessGroupLoom::alltoall_base(at::Tensor& outputBuffer, at::Tensor& in
   blocksOf(src, inputSplitSizes, size, "input", sendCounts, sendDispls);
   blocksOf(dst, outputSplitSizes, size, "output", recvCounts, recvDispls);
   return start(*this, OpType::ALLTOALL_BASE, "loom:all_to_all_v", {outputBuffer},
-               [&] {
+               [&](void* stream) {
                  return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts,
-                                          recvDispls, loom::DataType::Uint8);
+                                          recvDispls, loom::DataType::Uint8, stream);
                },
                copyBack(outputBuffer, dst), {src, dst});
 }
@@ -400,8 +413,8 @@ WorkPtr ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputTensors, std::
   std::vector<size_t> sendCounts(size), sendDispls(size), recvCounts(size), recvDispls(size);
   size_t sendOffset = 0, recvOffset = 0;
   for (int i = 0; i < size; ++i) {
-    checkHostTensor(inputTensors[i], "alltoall");
-    checkHostTensor(outputTensors[i], "alltoall");
+    checkTensor(inputTensors[i], "alltoall");
+    checkTensor(outputTensors[i], "alltoall");
     TORCH_CHECK(inputTensors[i].scalar_type() == inputTensors[0].scalar_type() &&
                     outputTensors[i].scalar_type() == inputTensors[0].scalar_type(),
                 "loom: alltoall: every tensor needs the dtype ", inputTensors[0].scalar_type());
@@ -418,9 +431,9 @@ WorkPtr ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputTensors, std::
   at::Tensor dst = at::empty({outElems}, inputTensors[0].options());
   return start(
       *this, OpType::ALLTOALL, "loom:all_to_all_v", outputTensors,
-      [&] {
+      [&](void* stream) {
         return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts, recvDispls,
-                                 loom::DataType::Uint8);
+                                 loom::DataType::Uint8, stream);
       },
       [dst, outs = outputTensors]() mutable { unflatten(dst, outs); }, {src, dst});
 }
@@ -430,10 +443,14 @@ WorkPtr ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank, in
   checkRank(dstRank, getSize(), "destination rank", "send");
   checkTag(tag, "send");
   at::Tensor buf = contiguousView(t);
+  if (coalescing_)
+    return coalesce(OpType::SEND, "loom:send",
+                    {true, buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, dstRank, static_cast<uint32_t>(tag)}, t,
+                    buf);
   return start(*this, OpType::SEND, "loom:send", tensors,
-               [&] {
+               [&](void* stream) {
                  return comm_->isend(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, dstRank,
-                                     static_cast<uint32_t>(tag));
+                                     static_cast<uint32_t>(tag), stream);
                },
                {}, {buf});
 }
@@ -443,10 +460,15 @@ WorkPtr ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank, in
   checkRank(srcRank, getSize(), "source rank", "recv");
   checkTag(tag, "recv");
   at::Tensor buf = contiguousView(t);
+  if (coalescing_)
+    return coalesce(OpType::RECV, "loom:recv",
+                    {false, buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, srcRank, static_cast<uint32_t>(tag)},
+                    t, buf);
   return start(
       *this, OpType::RECV, "loom:recv", tensors,
-      [&] {
-        return comm_->irecv(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, srcRank, static_cast<uint32_t>(tag));
+      [&](void* stream) {
+        return comm_->irecv(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, srcRank, static_cast<uint32_t>(tag),
+                            stream);
       },
       copyBack(t, buf), {buf}, bytesOf(buf));
 }
@@ -455,17 +477,29 @@ WorkPtr ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors, int ta
   at::Tensor& t = single(tensors, "recv");
   checkTag(tag, "recv");
   at::Tensor buf = contiguousView(t);
+  if (coalescing_)
+    return coalesce(
+        OpType::RECVANYSOURCE, "loom:recvAnySource",
+        {false, buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, loom::kAnySource, static_cast<uint32_t>(tag)}, t,
+        buf);
   return start(
       *this, OpType::RECVANYSOURCE, "loom:recvAnySource", tensors,
-      [&] {
+      [&](void* stream) {
         return comm_->irecv(buf.data_ptr(), bytesOf(buf), loom::DataType::Uint8, loom::kAnySource,
-                            static_cast<uint32_t>(tag));
+                            static_cast<uint32_t>(tag), stream);
       },
       copyBack(t, buf), {buf}, bytesOf(buf));
 }
 
+WorkPtr ProcessGroupLoom::coalesce(OpType type, const char* title, const loom::PointToPoint& op,
+                                   const at::Tensor& tensor, const at::Tensor& buf) {
+  auto work = c10::make_intrusive<LoomWork>(getRank(), type, title, std::vector<at::Tensor>{tensor});
+  pending_.push_back({op, tensor, buf, work});
+  return work;
+}
+
 WorkPtr ProcessGroupLoom::barrier(const c10d::BarrierOptions&) {
-  return start(*this, OpType::BARRIER, "loom:barrier", {}, [&] { return comm_->ibarrier(); });
+  return start(*this, OpType::BARRIER, "loom:barrier", {}, [&](void*) { return comm_->ibarrier(); });
 }
 
 void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
@@ -498,8 +532,23 @@ void ProcessGroupLoom::setSequenceNumberForGroup() {
 uint64_t ProcessGroupLoom::getSequenceNumberForGroup() { return seqBase_.load() + calls_.load(); }
 
 c10::intrusive_ptr<BackendBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                       std::chrono::milliseconds timeout) {
-  return c10::make_intrusive<ProcessGroupLoom>(store, rank, size, timeout);
+                                                       std::chrono::milliseconds timeout, const std::string& groupId) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<loom::Communicator>> groups;
+  const std::string key = groupId + "/" + std::to_string(rank) + "/" + std::to_string(size);
+  std::shared_ptr<loom::Communicator> shared;
+  if (!groupId.empty()) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = groups.find(key);
+    if (it != groups.end()) shared = it->second.lock();
+  }
+  auto pg = c10::make_intrusive<ProcessGroupLoom>(store, rank, size, timeout, shared);
+  if (!groupId.empty() && !shared) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = groups.begin(); it != groups.end();) it = it->second.expired() ? groups.erase(it) : std::next(it);
+    groups[key] = pg->sharedCommunicator();
+  }
+  return pg;
 }
 
 }  // namespace loom_torch

@@ -7,8 +7,9 @@
 // a LoomWork that Loom's threads complete. Operations run on the communicator's queue in call
 // order, which is what torch.distributed requires of every rank.
 //
-// Tensors: CPU, dense, one per call (one device per process, as DDP runs). A non-contiguous tensor
-// goes through a contiguous copy that is copied back on completion. Data movement (broadcast,
+// Tensors: dense, one per call (one device per process, as DDP runs), on the CPU or (built against
+// PyTorch with CUDA) on a CUDA device, with ProcessGroupNCCL's stream semantics (device.hpp). A
+// non-contiguous tensor goes through a contiguous copy that is copied back on completion. Data movement (broadcast,
 // gathers, all-to-all, send/recv) takes every dtype, as bytes; reductions take the dtypes Loom
 // reduces (int8, uint8, int32, int64, float16, bfloat16, float32, float64, and bool with min/max).
 #pragma once
@@ -29,6 +30,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
+#include "device.hpp"
+#include "work.hpp"
+
 namespace loom_torch {
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -42,12 +46,16 @@ class ProcessGroupLoom : public BackendBase {
   /// Joins `size` ranks: rank 0 creates Loom's rendezvous id and publishes it in `store` (the one
   /// init_process_group made, whatever its init method), the others read it there. Blocks until
   /// every rank joined or `timeout` passed; `timeout` is also the deadline of every operation.
-  ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout);
+  /// With `shared`, joins nothing and runs on that communicator (the same group's backend for
+  /// another device type).
+  ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+                   std::shared_ptr<loom::Communicator> shared = nullptr);
   ~ProcessGroupLoom() override;
 
   const std::string getBackendName() const override { return "loom"; }
   /// The Loom communicator, for tools and tests.
   loom::Communicator& communicator() { return *comm_; }
+  std::shared_ptr<loom::Communicator> sharedCommunicator() const { return comm_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
@@ -118,24 +126,54 @@ class ProcessGroupLoom : public BackendBase {
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
   /// Works started from now on know their duration (work.get_duration(), in milliseconds).
   void enableCollectivesTiming() override { timing_.store(true, std::memory_order_relaxed); }
+  /// PyTorch 2.x (batch_isend_irecv, dist._coalescing_manager): the sends and receives called
+  /// between startCoalescing() and endCoalescing() are posted together as one Loom group by
+  /// endCoalescing(), whose Work completes once all are done (each call's own Work with it). Ranks
+  /// that send to each other so cannot deadlock, even where a send waits for its receive (device
+  /// buffers through CUDA IPC). Collectives called meanwhile run at once.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // No `override`: c10d::Backend has this virtual from PyTorch 2.7 or so on (batch_isend_irecv asks
+  // it there); 2.6 coalesces for CUDA tensors only, without asking.
+  bool supportsCoalescing() const { return true; }
 #endif
   bool collectivesTimed() const { return timing_.load(std::memory_order_relaxed); }
+  /// Loom's streams on the CUDA devices this group has used.
+  DeviceStreams& deviceStreams() { return *streams_; }
 
  private:
   /// All-reduce (sum) of a sparse COO tensor, as Gloo does it (sparse.cc): every rank's indices and
   /// values gathered, summed and coalesced; the tensor takes the result.
   c10::intrusive_ptr<c10d::Work> sparseAllreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
 
-  std::unique_ptr<loom::Communicator> comm_;
+  std::shared_ptr<loom::Communicator> comm_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> calls_{0};    // collectives called
   std::atomic<uint64_t> seqBase_{0};  // setSequenceNumberForGroup's start, less the calls then
   std::atomic<bool> timing_{false};   // enableCollectivesTiming() was called
+  std::shared_ptr<DeviceStreams> streams_ = loom_torch::makeDeviceStreams();
+  // Between startCoalescing() and endCoalescing(): the sends and receives called, not yet posted.
+  struct PendingPointToPoint {
+    loom::PointToPoint op;
+    at::Tensor tensor;  // the caller's
+    at::Tensor buf;     // what Loom reads or writes: `tensor`, or its contiguous copy
+    c10::intrusive_ptr<LoomWork> work;
+  };
+  bool coalescing_ = false;
+  std::vector<PendingPointToPoint> pending_;
+  /// Queues a send or receive while coalescing; returns its Work.
+  c10::intrusive_ptr<c10d::Work> coalesce(c10d::OpType type, const char* title, const loom::PointToPoint& op,
+                                          const at::Tensor& tensor, const at::Tensor& buf);
 };
 
-/// The factory torch.distributed calls (through loom_torch's register_backend).
+/// The factory torch.distributed calls (through loom_torch's register_backend). PyTorch 2.x calls
+/// it once per device type the backend serves ("cpu", "cuda"), with the same `groupId`: the
+/// second call shares the first one's communicator (one rendezvous, one set of links, and every
+/// call of the group in one order), for as long as that one lives. An empty `groupId` shares
+/// nothing.
 c10::intrusive_ptr<BackendBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                       std::chrono::milliseconds timeout);
+                                                       std::chrono::milliseconds timeout,
+                                                       const std::string& groupId = "");
 
 }  // namespace loom_torch

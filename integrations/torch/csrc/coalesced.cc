@@ -24,8 +24,8 @@ void checkPairs(const std::vector<at::Tensor>& outputs, const std::vector<at::Te
   TORCH_CHECK(outputs.size() == inputs.size(), "loom: ", op, ": ", outputs.size(), " output tensors for ",
               inputs.size(), " inputs (one output per input)");
   for (size_t i = 0; i < inputs.size(); ++i) {
-    checkHostTensor(inputs[i], op);
-    checkHostTensor(outputs[i], op);
+    checkTensor(inputs[i], op);
+    checkTensor(outputs[i], op);
     TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type(), "loom: ", op, ": output ", i, " is ",
                 outputs[i].scalar_type(), ", input ", i, " ", inputs[i].scalar_type());
     const int64_t big = outputBigger ? outputs[i].numel() : inputs[i].numel();
@@ -52,9 +52,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
       outputs[i].copy_(unpackFromEveryRank(all, size, packed, i, inputs[i]).view(outputs[i].sizes()));
   };
   return start(*this, c10d::OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", outputs,
-               [&] {
+               [&](void* stream) {
                  return comm_->iallGather(block.data_ptr(), all.data_ptr(), static_cast<size_t>(blockBytes),
-                                          loom::DataType::Uint8);
+                                          loom::DataType::Uint8, stream);
                },
                std::move(finisher), {block, all});
 }
@@ -88,11 +88,56 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
     }
   };
   return start(*this, c10d::OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", outputs,
-               [&] {
+               [&](void* stream) {
                  return comm_->ireduceScatter(staged.data_ptr(), mine.data_ptr(), static_cast<size_t>(blockCount), type,
-                                              reduce);
+                                              reduce, stream);
                },
                std::move(finisher), {staged, mine});
+}
+
+void ProcessGroupLoom::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "loom: startCoalescing: already coalescing (call endCoalescing first)");
+  coalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
+  TORCH_CHECK(coalescing_, "loom: endCoalescing without startCoalescing");
+  coalescing_ = false;
+  std::vector<PendingPointToPoint> pending;
+  pending.swap(pending_);
+  std::vector<loom::PointToPoint> ops;
+  std::vector<at::Tensor> tensors, bufs;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // receives into a contiguous copy
+  size_t received = 0;
+  for (const auto& p : pending) {
+    ops.push_back(p.op);
+    tensors.push_back(p.tensor);
+    bufs.push_back(p.buf);
+    if (!p.op.send) {
+      received += p.op.count;
+      if (!p.buf.is_same(p.tensor)) copies.emplace_back(p.tensor, p.buf);
+    }
+  }
+  std::function<void()> finisher;
+  if (!copies.empty())
+    finisher = [copies]() mutable {
+      for (auto& c : copies) c.first.copy_(c.second);
+    };
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    // The group's Work checks the bytes received in all (a receive larger than its message).
+    work = start(
+        *this, c10d::OpType::COALESCED, "loom:coalesced", tensors,
+        [&](void* stream) { return comm_->igroup(ops, stream); }, std::move(finisher), bufs,
+        received > 0 ? received : SIZE_MAX);
+  } catch (...) {
+    for (auto& p : pending) p.work->failUnstarted(std::current_exception());
+    throw;
+  }
+  // Each call's Work completes with the group, after it (onCompletion keeps the order).
+  const loom::Work& group = c10::static_intrusive_pointer_cast<LoomWork>(work)->loomWork();
+  for (auto& p : pending) LoomWork::watch(p.work, group);
+  return work;
 }
 
 }  // namespace loom_torch

@@ -3,16 +3,20 @@
 #include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <string>
+
 #include "backend.hpp"
+#include "device.hpp"
 
 namespace py = pybind11;
 
 namespace {
 
 c10::intrusive_ptr<loom_torch::BackendBase> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                   const std::chrono::duration<float>& timeout) {
+                                                   const std::chrono::duration<float>& timeout,
+                                                   const std::string& groupId) {
   return loom_torch::createProcessGroupLoom(store, rank, size,
-                                            std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(timeout), groupId);
 }
 
 // A blocking sum all-reduce of `t` straight on the backend's Loom communicator, with none of
@@ -50,8 +54,9 @@ PYBIND11_MODULE(_C, m) {
   py::module::import("torch.distributed");
   m.doc() = "Loom collectives as a torch.distributed backend";
   m.def("create_backend", &create, py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
-        py::call_guard<py::gil_scoped_release>(),
-        "Joins the Loom communicator of a process group (called by init_process_group / new_group).");
+        py::arg("group_id") = "", py::call_guard<py::gil_scoped_release>(),
+        "Joins the Loom communicator of a process group (called by init_process_group / new_group); the "
+        "backends of one group_id for several device types share one.");
   m.def("launch", &launch,
         "What the launcher (srun, mpirun, torchrun, loomrun) says about this process: rank, world_size, "
         "local_rank, local_world_size, master_addr, master_port, launcher, and where each came from. Raises "
@@ -61,5 +66,6 @@ PYBIND11_MODULE(_C, m) {
         "Sum all-reduce of a float32 CPU tensor on the group's Loom communicator directly, bypassing "
         "torch.distributed (for measuring the backend's overhead). On PyTorch 2 pass "
         "group._get_backend(torch.device('cpu')).");
+  m.attr("has_cuda") = loom_torch::builtWithCuda();
   m.attr("torch_api") = TORCH_VERSION_MAJOR >= 2 ? "c10d::Backend" : "c10d::ProcessGroup";
 }

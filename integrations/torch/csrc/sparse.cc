@@ -91,7 +91,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::sparseAllreduce(std::vector<at:
     t.copy_(out);
   };
   return start(*this, c10d::OpType::ALLREDUCE, "loom:all_reduce_sparse", tensors,
-               [&] {
+               [&](void*) {  // CPU tensors only
                  return comm_->iallGather(mine.data_ptr(), gathered.data_ptr(), static_cast<size_t>(block),
                                           loom::DataType::Uint8);
                },

@@ -4,26 +4,25 @@
 
 namespace loom_torch {
 
-void checkHostTensor(const at::Tensor& t, const char* op) {
+void checkTensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.defined(), "loom: ", op, ": undefined tensor");
   TORCH_CHECK(t.layout() == c10::kStrided, "loom: ", op, ": only dense tensors are supported, got a ", t.layout(),
               " tensor");
-  TORCH_CHECK(t.device().is_cpu(), "loom: ", op,
-              ": only CPU tensors are supported by this build of Loom, got a tensor on ", t.device(),
-              " (use backend \"nccl\" for GPU tensors, or a device-specific backend in init_process_group, "
-              "e.g. \"cpu:loom,cuda:nccl\" on PyTorch 2)");
+  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "loom: ", op,
+              ": only CPU and CUDA tensors are supported, got a tensor on ", t.device(),
+              " (use a device-specific backend in init_process_group for the others, e.g. \"cpu:loom,xpu:xccl\")");
 }
 
 at::Tensor& single(std::vector<at::Tensor>& tensors, const char* op) {
   TORCH_CHECK(tensors.size() == 1, "loom: ", op, ": expects one tensor per call (one device per process), got ",
               tensors.size());
-  checkHostTensor(tensors[0], op);
+  checkTensor(tensors[0], op);
   return tensors[0];
 }
 
 void checkSameShape(const std::vector<at::Tensor>& tensors, const at::Tensor& t, const char* op) {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    checkHostTensor(tensors[i], op);
+    checkTensor(tensors[i], op);
     TORCH_CHECK(tensors[i].scalar_type() == t.scalar_type(), "loom: ", op, ": tensor ", i, " has dtype ",
                 tensors[i].scalar_type(), " where the input has ", t.scalar_type());
     TORCH_CHECK(tensors[i].numel() == t.numel(), "loom: ", op, ": tensor ", i, " has ", tensors[i].numel(),

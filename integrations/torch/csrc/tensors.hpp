@@ -10,8 +10,9 @@
 
 namespace loom_torch {
 
-/// Throws unless `t` is a dense CPU tensor (`op` names the call in the message).
-void checkHostTensor(const at::Tensor& t, const char* op);
+/// Throws unless `t` is a dense tensor on the CPU or a CUDA device (`op` names the call in the
+/// message; whether this build takes CUDA tensors is deviceOfCall's to say).
+void checkTensor(const at::Tensor& t, const char* op);
 /// Throws unless `tensors` holds exactly one tensor (one device per process), and returns it.
 at::Tensor& single(std::vector<at::Tensor>& tensors, const char* op);
 /// Throws unless every tensor has `t`'s dtype and the same number of elements.

@@ -60,12 +60,16 @@ class FuturePool {
 }  // namespace
 
 LoomWork::LoomWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-                   std::function<void()> finisher, std::vector<at::Tensor> keepAlive)
+                   std::function<void()> finisher, std::vector<at::Tensor> keepAlive,
+                   std::shared_ptr<DeviceDone> device)
     : c10d::Work(rank, type, title),
       outputs_(std::move(outputs)),
       finisher_(std::move(finisher)),
       keepAlive_(std::move(keepAlive)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      device_(std::move(device)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()),
+          device_ ? std::vector<c10::Device>{loom_torch::deviceOf(*device_)} : std::vector<c10::Device>{})) {}
 
 LoomWork::~LoomWork() = default;
 
@@ -92,14 +96,22 @@ void LoomWork::complete(std::exception_ptr error) {
   durationNs_.store(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started_).count());
   finish(error);  // completes the Work and wakes its waiters
-  auto completeFuture = [future = future_, error, outputs = outputs_]() {
-    try {
-      if (error)
-        future->setError(error);
-      else
-        future->markCompleted(c10::IValue(outputs));
-    } catch (const std::exception&) {  // a callback's error is the chained Future's, not ours
-    }
+  auto completeFuture = [future = future_, error, outputs = outputs_, device = device_]() {
+    auto mark = [&] {
+      try {
+        if (error)
+          future->setError(error);
+        else
+          future->markCompleted(c10::IValue(outputs));
+      } catch (const std::exception&) {  // a callback's error is the chained Future's, not ours
+      }
+    };
+    // On CUDA tensors the Future records its events on the current stream: one that waited for
+    // the operation's event, not Loom's stream itself (which may hold later operations by now).
+    if (device)
+      loom_torch::runAfter(*device, mark);
+    else
+      mark();
   };
   // A Future nobody has asked for has no callbacks: completing it here runs nothing, and costs no
   // thread hand-off (most operations: a plain dist.all_reduce never asks). Holding the lock makes a
@@ -116,7 +128,7 @@ void LoomWork::complete(std::exception_ptr error) {
 bool LoomWork::isCompleted() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (completed_) return true;
+    if (completed_) return !device_ || exception_ || loom_torch::deviceFinished(*device_);
   }
   // Testing drives Loom's progress, as waiting does; a failure reaches the Work through complete().
   try {
@@ -124,7 +136,7 @@ bool LoomWork::isCompleted() {
   } catch (const std::exception&) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  return completed_;
+  return completed_ && (!device_ || exception_ || loom_torch::deviceFinished(*device_));
 }
 
 int LoomWork::sourceRank() const {
@@ -145,7 +157,19 @@ std::exception_ptr LoomWork::exception() const {
 
 std::vector<at::Tensor> LoomWork::result() { return outputs_; }
 
+void LoomWork::synchronize() {
+  if (device_) loom_torch::makeCurrentStreamWait(*device_);
+}
+
 bool LoomWork::wait(std::chrono::milliseconds timeout) {
+  if (device_) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (exception_) std::rethrow_exception(exception_);
+    }
+    loom_torch::makeCurrentStreamWait(*device_);
+    return true;
+  }
   // Loom's wait drives the transports from this thread and enforces the deadline (a timeout fails
   // the operation, which completes this Work with the error through the callback).
   try {

@@ -22,6 +22,13 @@ def _create_backend(store, rank, world_size, timeout):
     return _C.create_backend(store, rank, world_size, timeout)
 
 
+def _create_backend_for_devices(options, backend_options=None):
+    """PyTorch 2.x calls this once per device type the backend serves; the calls of one group
+    share one Loom communicator (keyed by the group's name)."""
+    return _C.create_backend(options.store, options.group_rank, options.group_size, options.timeout,
+                             options.group_id)
+
+
 def launch():
     """What the launcher says about this process (a dict: rank, world_size, local_rank,
     local_world_size, master_addr, master_port, launcher, provenance). Raises RuntimeError
@@ -56,14 +63,18 @@ def setup_env(environ=os.environ):
 
 def _register():
     kwargs = {}
-    try:  # PyTorch 2.1+: the backend serves CPU tensors (CUDA once Loom's device paths exist)
+    creator = _create_backend
+    try:  # PyTorch 2.1+: the backend serves CPU tensors, and CUDA tensors where built with CUDA
         import inspect
         if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
-            kwargs["devices"] = ["cpu"]
+            kwargs["devices"] = ["cpu", "cuda"] if _C.has_cuda else ["cpu"]
+            if _C.has_cuda:
+                kwargs["extended_api"] = True
+                creator = _create_backend_for_devices
     except (TypeError, ValueError):
         pass
     if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create_backend, **kwargs)
+        dist.Backend.register_backend(BACKEND, creator, **kwargs)
 
 
 def _allow_monitored_barrier():
