@@ -494,6 +494,32 @@ def test_coalescing_manager(backend, world, async_ops):
     harness.run(body_coalescing_manager, world, async_ops, backend=backend)
 
 
+def body_coalesced_point_to_point(rank, world):
+    # Sends and receives inside the manager with a device: posted as one Loom group at its end
+    # (what batch_isend_irecv does for CUDA tensors, and on CPU tensors where PyTorch asks the
+    # backend's supports_coalescing); each call's own Work completes with the group.
+    right, left = (rank + 1) % world, (rank - 1) % world
+    base = torch.zeros(6, 4)
+    got = base[:, ::2]  # not contiguous: received into a copy, copied back
+    any_source = torch.empty(3)
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        works = [dist.isend(torch.full((6, 2), float(rank)), right), dist.irecv(got, left),
+                 dist.isend(torch.full((3,), 10.0 + rank), right, tag=5), dist.irecv(any_source, tag=5)]
+    cm.wait()
+    for w in works:
+        w.wait()
+    assert torch.equal(base[:, ::2], torch.full((6, 2), float(left))), base
+    assert torch.equal(base[:, 1::2], torch.zeros(6, 2)), base
+    assert torch.equal(any_source, torch.full((3,), 10.0 + left)), any_source
+
+
+# Loom only: Gloo has no startCoalescing.
+@pytest.mark.skipif(TORCH_MAJOR < 2, reason="dist._coalescing_manager is PyTorch 2.x's")
+@pytest.mark.parametrize("world", [2, 3])
+def test_coalesced_point_to_point(world):
+    harness.run(body_coalesced_point_to_point, world)
+
+
 def body_collectives_timing(rank, world):
     pg = dist.distributed_c10d._get_default_group()
     pg._enable_collectives_timing()
