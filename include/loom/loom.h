@@ -143,6 +143,18 @@ loomResult_t loomCommInitRankConfig(loomComm_t* comm, int nranks, loomUniqueId c
  */
 loomResult_t loomCommInitFromEnv(loomComm_t* comm, const loomConfig_t* config);
 
+/** The color of a rank that takes no part in loomCommSplit (its newcomm is set to NULL). */
+#define LOOM_SPLIT_NOCOLOR (-1)
+
+/**
+ * Sub-communicators, as ncclCommSplit: collective over `comm` (every rank calls it, in the same
+ * order as its other collectives). The ranks passing the same `color` (0 or more) form one new
+ * communicator, ranked by `key`, ties broken by their rank in `comm`; a rank passing
+ * LOOM_SPLIT_NOCOLOR takes part and gets NULL. No new rendezvous (they meet through `comm`'s store)
+ * and `comm`'s options; the new communicators outlive `comm` if it is destroyed first.
+ */
+loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newcomm);
+
 /** Waits for this rank's operations to complete; the communicator stays valid until destroyed. */
 loomResult_t loomCommFinalize(loomComm_t comm);
 

@@ -199,6 +199,9 @@ class CommImpl;
 /// buffers too, staged through host memory (which link the message comes by is known only then).
 constexpr int kAnySource = -1;
 
+/// The color of a rank that takes no part in Communicator::split (it gets an empty communicator).
+constexpr int kSplitNoColor = -1;
+
 /// One send or receive of Communicator::igroup.
 struct PointToPoint {
   bool send = true;  ///< true: send `count` elements of `buf` to `peer`; false: receive into `buf`
@@ -373,6 +376,17 @@ class Communicator {
   static int deviceOf(const void* p);
 
   // ---- Lifetime and errors. ----
+
+  /// Sub-communicators, as NCCL's ncclCommSplit and MPI_Comm_split: collective over this
+  /// communicator (every rank calls it, in the same order as its other collectives). The ranks
+  /// that pass the same `color` (0 or more) form one new communicator, numbered by `key`, ties
+  /// broken by their rank here; a rank passing kSplitNoColor takes part in the call and gets an
+  /// empty communicator back (valid() false). No new rendezvous: the new communicators meet
+  /// through this one's store, in a namespace of their own, with this one's options; they have
+  /// links of their own, and live on whatever happens to this one (destroy them in any order).
+  Communicator split(int color, int key);
+  /// False for an empty communicator: moved from, or split with kSplitNoColor.
+  bool valid() const noexcept { return impl_ != nullptr; }
 
   /// Fails every pending and later operation with ErrorCode::Aborted and closes connections.
   /// Any thread; safe to call more than once, and alongside the destructor of another handle.

@@ -238,6 +238,15 @@ loomResult_t loomCommInitFromEnv(loomComm_t* comm, const loomConfig_t* config) {
   });
 }
 
+loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newcomm) {
+  return guard([&] {
+    if (newcomm == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "newcomm is NULL");
+    *newcomm = nullptr;
+    loom::Communicator part = lookup(comm)->comm->split(color, key);
+    if (part.valid()) *newcomm = registerComm(std::move(part));
+  });
+}
+
 loomResult_t loomCommFinalize(loomComm_t comm) {
   return guard([&] {
     auto c = lookup(comm);

@@ -159,6 +159,10 @@ class CommImpl : public Progressable, public coll::CommView {
   /// the new communicator's store access. Throws when rank 0 or its store is gone, or this rank
   /// was left out.
   StoreAccess shrinkAccess(std::chrono::milliseconds wait, int* newRank, int* newSize);
+  /// The store access of the sub-communicator of `color` made by this rank's next
+  /// Communicator::split: its own namespace in this communicator's store, and an id every member
+  /// derives alike from this communicator's, the split's number and the color (no message).
+  StoreAccess splitAccess(int color);
   const Options& options() const { return options_; }
 
   /// The state of operations on device buffers (comm/device_state.hpp): made with `rt` on first
@@ -187,6 +191,7 @@ class CommImpl : public Progressable, public coll::CommView {
   const int size_;
   const Options options_;
   int shrinks_ = 0;  // shrink generations started from this communicator
+  int splits_ = 0;   // splits called on this communicator
   const std::string name_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<FailureState> failure_;

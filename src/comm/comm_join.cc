@@ -200,5 +200,21 @@ StoreAccess CommImpl::shrinkAccess(std::chrono::milliseconds wait, int* newRank,
   }
 }
 
+StoreAccess CommImpl::splitAccess(int color) {
+  const int n = splits_++;
+  const std::string space = strFormat("split-%d-%d", n, color);
+  Nonce which{};
+  std::memcpy(which.data(), &n, sizeof n);
+  std::memcpy(which.data() + sizeof n, &color, sizeof color);
+  const Mac id = computeMac(access_.key, "loom split", access_.commId, which);
+  StoreAccess a;
+  a.store = std::make_shared<PrefixStore>(space, access_.store);
+  a.endpoint = access_.endpoint;
+  a.key = access_.key;
+  std::memcpy(a.commId.data(), id.data(), a.commId.size());
+  a.keepAlive = access_.keepAlive;
+  return a;
+}
+
 }  // namespace detail
 }  // namespace loom

@@ -1,5 +1,8 @@
 // loom::Communicator, Work and UniqueId: thin wrappers over CommImpl and Request.
+#include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "bootstrap/launcher_env.hpp"
 #include "bootstrap/rendezvous.hpp"
@@ -148,7 +151,10 @@ Communicator::~Communicator() = default;
 
 namespace {
 detail::CommImpl& live(const std::unique_ptr<detail::CommImpl>& impl) {
-  if (!impl) LOOM_THROW(ErrorCode::InvalidUsage, -1, "the communicator was moved from");
+  if (!impl) {
+    LOOM_THROW(ErrorCode::InvalidUsage, -1,
+               "the communicator is empty: moved from, or split with kSplitNoColor (check valid())");
+  }
   return *impl;
 }
 }  // namespace
@@ -161,6 +167,33 @@ Communicator Communicator::shrink(std::chrono::milliseconds wait) {
   Options options = c.options();
   auto impl = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options,
                                                  strFormat("shrunk from communicator \"%s\"", c.name().c_str()));
+  coll::tuneLinksIfAsked(*impl);
+  return Communicator(std::move(impl));
+}
+
+Communicator Communicator::split(int color, int key) {
+  auto& c = live(impl_);
+  if (color < 0 && color != kSplitNoColor) {
+    LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
+               strFormat("split: color %d is negative (colors are 0 or more; kSplitNoColor to take no part)", color));
+  }
+  // Every rank's color and key, through this communicator's own links: the split takes its place
+  // among the collectives (a rank that calls another one instead is named at once).
+  const int32_t mine[2] = {color, key};
+  std::vector<int32_t> all(2 * static_cast<size_t>(c.size()));
+  allGather(mine, all.data(), 2, DataType::Int32);
+  StoreAccess access = c.splitAccess(color);
+  if (color == kSplitNoColor) return Communicator(nullptr);
+  std::vector<std::pair<int32_t, int>> members;  // (key, rank here), in the new rank order
+  for (int r = 0; r < c.size(); ++r)
+    if (all[2 * static_cast<size_t>(r)] == color) members.emplace_back(all[2 * static_cast<size_t>(r) + 1], r);
+  std::sort(members.begin(), members.end());
+  const int newRank = static_cast<int>(
+      std::find(members.begin(), members.end(), std::make_pair(static_cast<int32_t>(key), c.rank())) - members.begin());
+  LogRankScope scope(newRank);
+  auto impl = std::make_unique<detail::CommImpl>(
+      newRank, static_cast<int>(members.size()), std::move(access), c.options(),
+      strFormat("split from communicator \"%s\" (rank %d there, color %d)", c.name().c_str(), c.rank(), color));
   coll::tuneLinksIfAsked(*impl);
   return Communicator(std::move(impl));
 }

@@ -1,0 +1,153 @@
+// Communicator::split and loomCommSplit: ranks grouped by color and ordered by key (ties by rank),
+// each group working alone, ranks left out with kSplitNoColor, splits of splits, the parent gone
+// first, and a split one rank does not call named as a mismatch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/ranks.hpp"
+#include "loom/loom.h"
+#include "loom/loom.hpp"
+
+namespace {
+
+using loom::DataType;
+using loom::ReduceOp;
+
+// The old ranks of a communicator's members, in its rank order.
+std::vector<int32_t> members(loom::Communicator& c, int32_t oldRank) {
+  std::vector<int32_t> all(static_cast<size_t>(c.size()));
+  c.allGather(&oldRank, all.data(), 1, DataType::Int32);
+  return all;
+}
+
+class SplitLinks : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SplitLinks, RanksAreGroupedByColorAndOrderedByKey) {
+  loomtest::TransportSetup links(GetParam());
+  loomtest::runOk(7, [](loom::Communicator& c) {
+    const int r = c.rank();
+    // Ranks 2 and 5 take no part; the others split by parity, in reverse order of rank, except
+    // ranks 3 and 6 that share a key (their old ranks order them).
+    const int color = (r == 2 || r == 5) ? loom::kSplitNoColor : r % 2;
+    const int key = (r == 3 || r == 6) ? -10 : -r;
+    loom::Communicator part = c.split(color, key);
+    if (color == loom::kSplitNoColor) {
+      EXPECT_FALSE(part.valid());
+      try {
+        (void)part.rank();
+        ADD_FAILURE() << "an empty communicator answered rank()";
+      } catch (const loom::Error& e) {
+        EXPECT_EQ(e.code(), loom::ErrorCode::InvalidUsage);
+        EXPECT_NE(std::string(e.what()).find("kSplitNoColor"), std::string::npos) << e.what();
+      }
+    } else {
+      ASSERT_TRUE(part.valid());
+      // color 0: ranks 0, 4, 6 with keys 0, -4, -10: 6, 4, 0. Color 1: 1, 3 with keys -1, -10: 3, 1.
+      const std::vector<int32_t> want = color == 0 ? std::vector<int32_t>{6, 4, 0} : std::vector<int32_t>{3, 1};
+      EXPECT_EQ(part.size(), static_cast<int>(want.size()));
+      EXPECT_EQ(members(part, r), want);
+      std::vector<int64_t> v(1001, r);
+      part.allReduce(v.data(), v.data(), v.size(), DataType::Int64, ReduceOp::Sum);
+      EXPECT_EQ(v[1000], color == 0 ? 10 : 4);
+      // A split of the split: each rank alone.
+      loom::Communicator alone = part.split(part.rank(), 0);
+      EXPECT_EQ(alone.size(), 1);
+      EXPECT_EQ(alone.rank(), 0);
+      int32_t x = r;
+      alone.allReduce(&x, &x, 1, DataType::Int32, ReduceOp::Sum);
+      EXPECT_EQ(x, r);
+    }
+    // The parent goes on, and a second split numbers its groups afresh.
+    int32_t sum = 1;
+    c.allReduce(&sum, &sum, 1, DataType::Int32, ReduceOp::Sum);
+    EXPECT_EQ(sum, 7);
+    loom::Communicator halves = c.split(r < 4 ? 0 : 1, r);
+    EXPECT_EQ(halves.size(), r < 4 ? 4 : 3);
+    EXPECT_EQ(halves.rank(), r < 4 ? r : r - 4);
+    halves.barrier();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, SplitLinks, ::testing::Values("shm", "tcp", "mixed"));
+
+// The new communicators live on after their parent is destroyed, whichever goes first.
+TEST(Split, SubCommunicatorsOutliveTheirParent) {
+  loomtest::runOk(4, [](loom::Communicator& c) {
+    const int r = c.rank();
+    loom::Communicator part = c.split(r / 2, r);
+    {
+      loom::Communicator parent = std::move(c);  // destroyed at the end of this scope
+      parent.barrier();
+    }
+    std::vector<float> v(4099, 1.0f);
+    part.allReduce(v.data(), v.data(), v.size(), DataType::Float32, ReduceOp::Sum);
+    EXPECT_EQ(v[4098], 2.0f);
+    part.barrier();
+  });
+}
+
+// A rank that calls another collective where the others split is named at once, not at the
+// deadline; a negative color other than kSplitNoColor is refused before anything is sent.
+TEST(Split, MismatchAndBadColorAreErrors) {
+  auto results = loomtest::runRanks(3, [](loom::Communicator& c) {
+    try {
+      (void)c.split(-2, 0);
+      ADD_FAILURE() << "color -2 accepted";
+    } catch (const loom::Error& e) {
+      EXPECT_EQ(e.code(), loom::ErrorCode::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("color -2"), std::string::npos) << e.what();
+    }
+    if (c.rank() == 2) {
+      float x = 1;
+      c.allReduce(&x, &x, 1, DataType::Float32, ReduceOp::Sum);
+    } else {
+      (void)c.split(0, 0);
+    }
+  });
+  for (const auto& r : results) {
+    EXPECT_NE(r.error.find("all_gather"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("all_reduce"), std::string::npos) << r.error;
+  }
+}
+
+// The C API: loomCommSplit, NULL for LOOM_SPLIT_NOCOLOR.
+TEST(Split, CApi) {
+  static_assert(LOOM_SPLIT_NOCOLOR == loom::kSplitNoColor, "the C and C++ no-color values agree");
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+  std::vector<std::thread> ranks;
+  std::vector<std::string> errors(3);
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      loomComm_t comm = nullptr;
+      if (loomCommInitRank(&comm, 3, id, r) != loomSuccess) {
+        errors[static_cast<size_t>(r)] = "init failed";
+        return;
+      }
+      loomComm_t part = reinterpret_cast<loomComm_t>(1);
+      const loomResult_t res = loomCommSplit(comm, r == 1 ? LOOM_SPLIT_NOCOLOR : 0, 0, &part);
+      if (res != loomSuccess) errors[static_cast<size_t>(r)] = loomGetErrorString(res);
+      if (r == 1) {
+        if (part != nullptr) errors[1] = "a rank with LOOM_SPLIT_NOCOLOR got a communicator";
+      } else {
+        int size = 0, rank = -1;
+        if (part == nullptr || loomCommCount(part, &size) != loomSuccess ||
+            loomCommUserRank(part, &rank) != loomSuccess || size != 2 || rank != r / 2) {
+          errors[static_cast<size_t>(r)] = "size " + std::to_string(size) + " rank " + std::to_string(rank);
+        }
+        loomCommDestroy(part);
+      }
+      loomCommDestroy(comm);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+}  // namespace
