@@ -385,6 +385,13 @@ class Communicator {
   /// through this one's store, in a namespace of their own, with this one's options; they have
   /// links of their own, and live on whatever happens to this one (destroy them in any order).
   Communicator split(int color, int key);
+  /// A communicator of `ranks` (ranks of this one, each once, in their new rank order), made by
+  /// those ranks alone, as MPI_Comm_create_group: each of them calls it with the same `ranks` and
+  /// `name`, the other ranks need not (what torch.distributed's new_group needs). `name` tells
+  /// this communicator's groups apart (one name, one group). No new rendezvous: they meet through
+  /// this communicator's store; links of their own; they outlive this communicator. `options`:
+  /// the new communicator's (nullptr: this one's).
+  Communicator group(const std::vector<int>& ranks, const std::string& name, const Options* options = nullptr);
   /// False for an empty communicator: moved from, or split with kSplitNoColor.
   bool valid() const noexcept { return impl_ != nullptr; }
 

@@ -163,6 +163,9 @@ class CommImpl : public Progressable, public coll::CommView {
   /// Communicator::split: its own namespace in this communicator's store, and an id every member
   /// derives alike from this communicator's, the split's number and the color (no message).
   StoreAccess splitAccess(int color);
+  /// The store access of the group `name` of `ranks` (Communicator::group): a namespace of its
+  /// own in this communicator's store, named after both, and an id derived from them.
+  StoreAccess groupAccess(const std::vector<int>& ranks, const std::string& name);
   const Options& options() const { return options_; }
 
   /// The state of operations on device buffers (comm/device_state.hpp): made with `rt` on first

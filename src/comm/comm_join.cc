@@ -200,20 +200,35 @@ StoreAccess CommImpl::shrinkAccess(std::chrono::milliseconds wait, int* newRank,
   }
 }
 
-StoreAccess CommImpl::splitAccess(int color) {
-  const int n = splits_++;
-  const std::string space = strFormat("split-%d-%d", n, color);
-  Nonce which{};
-  std::memcpy(which.data(), &n, sizeof n);
-  std::memcpy(which.data() + sizeof n, &color, sizeof color);
-  const Mac id = computeMac(access_.key, "loom split", access_.commId, which);
+namespace {
+// A sub-communicator's access: the namespace `space` in `parent`'s store, and an id derived from
+// the parent's and `what` (the same on every member, and different for every sub-communicator).
+StoreAccess subAccess(const StoreAccess& parent, const std::string& space, const std::string& what) {
+  const Mac id = computeMac(parent.key, "loom sub-communicator", parent.commId, Nonce{}, what.data(), what.size());
   StoreAccess a;
-  a.store = std::make_shared<PrefixStore>(space, access_.store);
-  a.endpoint = access_.endpoint;
-  a.key = access_.key;
+  a.store = std::make_shared<PrefixStore>(space, parent.store);
+  a.endpoint = parent.endpoint;
+  a.key = parent.key;
   std::memcpy(a.commId.data(), id.data(), a.commId.size());
-  a.keepAlive = access_.keepAlive;
+  a.keepAlive = parent.keepAlive;
   return a;
+}
+}  // namespace
+
+StoreAccess CommImpl::splitAccess(int color) {
+  const std::string space = strFormat("split-%d-%d", splits_++, color);
+  return subAccess(access_, space, space);
+}
+
+StoreAccess CommImpl::groupAccess(const std::vector<int>& ranks, const std::string& name) {
+  // Members that disagree on the ranks meet in different namespaces, and their joins time out
+  // naming the ranks that did not come.
+  std::string what = "group " + name + ":";
+  for (int r : ranks) what += " " + std::to_string(r);
+  const Mac digest = computeMac(access_.key, "loom group", Nonce{}, Nonce{}, what.data(), what.size());
+  std::string space = "group-";
+  for (size_t i = 0; i < 8; ++i) space += strFormat("%02x", digest[i]);
+  return subAccess(access_, space, what);
 }
 
 }  // namespace detail

@@ -198,6 +198,31 @@ Communicator Communicator::split(int color, int key) {
   return Communicator(std::move(impl));
 }
 
+Communicator Communicator::group(const std::vector<int>& ranks, const std::string& name, const Options* options) {
+  auto& c = live(impl_);
+  std::vector<int> seen = ranks;
+  std::sort(seen.begin(), seen.end());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    c.checkPeer(seen[i], "group");
+    if (i > 0 && seen[i] == seen[i - 1])
+      LOOM_THROW(ErrorCode::InvalidArgument, c.rank(), strFormat("group: rank %d is listed twice", seen[i]));
+  }
+  const auto me = std::find(ranks.begin(), ranks.end(), c.rank());
+  if (me == ranks.end()) {
+    LOOM_THROW(
+        ErrorCode::InvalidArgument, c.rank(),
+        strFormat("group \"%s\": this rank (%d) is not among its ranks; only they call it", name.c_str(), c.rank()));
+  }
+  const int newRank = static_cast<int>(me - ranks.begin());
+  StoreAccess access = c.groupAccess(ranks, name);
+  LogRankScope scope(newRank);
+  auto impl = std::make_unique<detail::CommImpl>(
+      newRank, static_cast<int>(ranks.size()), std::move(access), options != nullptr ? *options : c.options(),
+      strFormat("group \"%s\" of communicator \"%s\" (rank %d there)", name.c_str(), c.name().c_str(), c.rank()));
+  coll::tuneLinksIfAsked(*impl);
+  return Communicator(std::move(impl));
+}
+
 int Communicator::rank() const { return live(impl_).rank(); }
 int Communicator::size() const { return live(impl_).size(); }
 int Communicator::localRank() const { return live(impl_).localRank(); }

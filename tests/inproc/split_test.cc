@@ -1,6 +1,7 @@
 // Communicator::split and loomCommSplit: ranks grouped by color and ordered by key (ties by rank),
 // each group working alone, ranks left out with kSplitNoColor, splits of splits, the parent gone
-// first, and a split one rank does not call named as a mismatch.
+// first, and a split one rank does not call named as a mismatch. Communicator::group: made by its
+// members alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -114,6 +115,34 @@ TEST(Split, MismatchAndBadColorAreErrors) {
     EXPECT_NE(r.error.find("all_gather"), std::string::npos) << r.error;
     EXPECT_NE(r.error.find("all_reduce"), std::string::npos) << r.error;
   }
+}
+
+// Communicator::group: made by its members alone, ranked in the order listed; overlapping groups;
+// a rank that is not listed is refused.
+TEST(Group, MembersAloneMakeItInTheirOrder) {
+  loomtest::runOk(5, [](loom::Communicator& c) {
+    const int r = c.rank();
+    try {
+      (void)c.group({0, 1}, "not mine");
+      if (r > 1) ADD_FAILURE() << "a rank outside the group made it";
+    } catch (const loom::Error& e) {
+      EXPECT_GT(r, 1) << e.what();
+      EXPECT_EQ(e.code(), loom::ErrorCode::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("not among its ranks"), std::string::npos) << e.what();
+    }
+    if (r == 4 || r == 1 || r == 3) {
+      loom::Communicator a = c.group({4, 1, 3}, "a");
+      EXPECT_EQ(members(a, r), (std::vector<int32_t>{4, 1, 3}));
+      std::vector<int32_t> v(333, r);
+      a.allReduce(v.data(), v.data(), v.size(), DataType::Int32, ReduceOp::Max);
+      EXPECT_EQ(v[332], 4);
+    }
+    if (r == 1 || r == 2) {  // overlaps "a" at rank 1, which makes "a" first
+      loom::Communicator b = c.group({2, 1}, "b");
+      EXPECT_EQ(members(b, r), (std::vector<int32_t>{2, 1}));
+    }
+    c.barrier();
+  });
 }
 
 // The C API: loomCommSplit, NULL for LOOM_SPLIT_NOCOLOR.

@@ -532,18 +532,36 @@ void ProcessGroupLoom::setSequenceNumberForGroup() {
 uint64_t ProcessGroupLoom::getSequenceNumberForGroup() { return seqBase_.load() + calls_.load(); }
 
 c10::intrusive_ptr<BackendBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                       std::chrono::milliseconds timeout, const std::string& groupId) {
+                                                       std::chrono::milliseconds timeout, const std::string& groupId,
+                                                       const c10::intrusive_ptr<BackendBase>& parent,
+                                                       const std::vector<int64_t>& globalRanks) {
   static std::mutex mu;
   static std::map<std::string, std::weak_ptr<loom::Communicator>> groups;
   const std::string key = groupId + "/" + std::to_string(rank) + "/" + std::to_string(size);
-  std::shared_ptr<loom::Communicator> shared;
+  std::shared_ptr<loom::Communicator> comm;
   if (!groupId.empty()) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = groups.find(key);
-    if (it != groups.end()) shared = it->second.lock();
+    if (it != groups.end()) comm = it->second.lock();
   }
-  auto pg = c10::make_intrusive<ProcessGroupLoom>(store, rank, size, timeout, shared);
-  if (!groupId.empty() && !shared) {
+  const bool found = comm != nullptr;
+  auto* from = dynamic_cast<ProcessGroupLoom*>(parent.get());
+  if (!found && from != nullptr && !globalRanks.empty()) {
+    std::string listed;
+    for (int64_t r : globalRanks) listed += (listed.empty() ? "" : ",") + std::to_string(r);
+    TORCH_CHECK(static_cast<int>(globalRanks.size()) == size && rank >= 0 && rank < size &&
+                    globalRanks[static_cast<size_t>(rank)] == from->communicator().rank(),
+                "loom: new_group: this process is rank ", from->communicator().rank(),
+                " of the default group, but rank ", rank, " of a group of ", size, " whose ranks there are ", listed);
+    loom::Options options;
+    options.timeout = timeout;
+    options.initTimeout = timeout;
+    options.name = "torch";
+    std::vector<int> ranks(globalRanks.begin(), globalRanks.end());
+    comm = std::make_shared<loom::Communicator>(from->communicator().group(ranks, "torch " + groupId, &options));
+  }
+  auto pg = c10::make_intrusive<ProcessGroupLoom>(store, rank, size, timeout, comm);
+  if (!groupId.empty() && !found) {
     std::lock_guard<std::mutex> lock(mu);
     for (auto it = groups.begin(); it != groups.end();) it = it->second.expired() ? groups.erase(it) : std::next(it);
     groups[key] = pg->sharedCommunicator();

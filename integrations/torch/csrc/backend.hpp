@@ -171,9 +171,13 @@ class ProcessGroupLoom : public BackendBase {
 /// it once per device type the backend serves ("cpu", "cuda"), with the same `groupId`: the
 /// second call shares the first one's communicator (one rendezvous, one set of links, and every
 /// call of the group in one order), for as long as that one lives. An empty `groupId` shares
-/// nothing.
+/// nothing. With `parent` (the default group's Loom backend) and `globalRanks` (the group's
+/// ranks there, in group rank order), the group is made from the parent's communicator by its
+/// members alone (loom::Communicator::group): no new rendezvous.
 c10::intrusive_ptr<BackendBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                        std::chrono::milliseconds timeout,
-                                                       const std::string& groupId = "");
+                                                       const std::string& groupId = "",
+                                                       const c10::intrusive_ptr<BackendBase>& parent = {},
+                                                       const std::vector<int64_t>& globalRanks = {});
 
 }  // namespace loom_torch

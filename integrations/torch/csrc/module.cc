@@ -1,9 +1,11 @@
 // The Python module loom_torch._C: the backend factory torch.distributed calls, and the launcher
 // detection that spares users computing rank and world size from SLURM_* or OMPI_* by hand.
 #include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
+#include <vector>
 
 #include "backend.hpp"
 #include "device.hpp"
@@ -17,6 +19,15 @@ c10::intrusive_ptr<loom_torch::BackendBase> create(const c10::intrusive_ptr<c10d
                                                    const std::string& groupId) {
   return loom_torch::createProcessGroupLoom(store, rank, size,
                                             std::chrono::duration_cast<std::chrono::milliseconds>(timeout), groupId);
+}
+
+c10::intrusive_ptr<loom_torch::BackendBase> createGroup(const c10::intrusive_ptr<loom_torch::BackendBase>& parent,
+                                                        const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                        int size, const std::chrono::duration<float>& timeout,
+                                                        const std::string& groupId,
+                                                        const std::vector<int64_t>& globalRanks) {
+  return loom_torch::createProcessGroupLoom(
+      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout), groupId, parent, globalRanks);
 }
 
 // A blocking sum all-reduce of `t` straight on the backend's Loom communicator, with none of
@@ -57,6 +68,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("group_id") = "", py::call_guard<py::gil_scoped_release>(),
         "Joins the Loom communicator of a process group (called by init_process_group / new_group); the "
         "backends of one group_id for several device types share one.");
+  m.def("create_group_backend", &createGroup, py::arg("parent"), py::arg("store"), py::arg("rank"),
+        py::arg("world_size"), py::arg("timeout"), py::arg("group_id"), py::arg("global_ranks"),
+        py::call_guard<py::gil_scoped_release>(),
+        "As create_backend, for a group of the default group: where `parent` is its Loom backend, the group is "
+        "made from parent's communicator by the ranks `global_ranks` alone (no new rendezvous); else as "
+        "create_backend.");
   m.def("launch", &launch,
         "What the launcher (srun, mpirun, torchrun, loomrun) says about this process: rank, world_size, "
         "local_rank, local_world_size, master_addr, master_port, launcher, and where each came from. Raises "

@@ -22,9 +22,29 @@ def _create_backend(store, rank, world_size, timeout):
     return _C.create_backend(store, rank, world_size, timeout)
 
 
+def _default_loom_backend():
+    """The default group's Loom backend, or None (no default group yet, or not Loom's)."""
+    c10d = dist.distributed_c10d
+    try:
+        group = c10d._get_default_group()
+        if hasattr(group, "_get_backend"):  # PyTorch 2.x: the ProcessGroup dispatches to backends
+            import torch
+            return group._get_backend(torch.device("cpu"))
+        return group
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
 def _create_backend_for_devices(options, backend_options=None):
-    """PyTorch 2.x calls this once per device type the backend serves; the calls of one group
-    share one Loom communicator (keyed by the group's name)."""
+    """torch.distributed's factory (extended form). PyTorch 2.x calls it once per device type the
+    backend serves; the calls of one group share one Loom communicator (keyed by the group's
+    name). A group of the default group (new_group), when the default group is Loom's, is made
+    from its communicator by the group's members alone: no new rendezvous."""
+    ranks = list(options.global_ranks_in_group)
+    parent = _default_loom_backend() if ranks else None
+    if parent is not None:
+        return _C.create_group_backend(parent, options.store, options.group_rank, options.group_size,
+                                       options.timeout, options.group_id, ranks)
     return _C.create_backend(options.store, options.group_rank, options.group_size, options.timeout,
                              options.group_id)
 
@@ -64,13 +84,14 @@ def setup_env(environ=os.environ):
 def _register():
     kwargs = {}
     creator = _create_backend
-    try:  # PyTorch 2.1+: the backend serves CPU tensors, and CUDA tensors where built with CUDA
+    try:
         import inspect
-        if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+        parameters = inspect.signature(dist.Backend.register_backend).parameters
+        if "extended_api" in parameters:  # the group's name and ranks reach the factory
+            kwargs["extended_api"] = True
+            creator = _create_backend_for_devices
+        if "devices" in parameters:  # PyTorch 2.1+: CPU tensors, and CUDA tensors where built with CUDA
             kwargs["devices"] = ["cpu", "cuda"] if _C.has_cuda else ["cpu"]
-            if _C.has_cuda:
-                kwargs["extended_api"] = True
-                creator = _create_backend_for_devices
     except (TypeError, ValueError):
         pass
     if BACKEND.upper() not in dist.Backend._plugins:
