@@ -118,6 +118,17 @@ std::chrono::milliseconds opTimeoutOf(const Options& o) {
 
 Communicator::Communicator(std::unique_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
 
+namespace {
+// Joins this rank through `access` and tunes the links where asked: every way a communicator is
+// made (a unique id, a launcher, shrink, split, group) ends here.
+std::unique_ptr<detail::CommImpl> joinThrough(int rank, int size, StoreAccess access, const Options& options,
+                                              const std::string& origin) {
+  auto impl = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options, origin);
+  coll::tuneLinksIfAsked(*impl);
+  return impl;
+}
+}  // namespace
+
 Communicator::Communicator(int rank, int size, const UniqueId& id, const Options& options) {
   checkRankSize(rank, size);
   LogRankScope scope(rank);
@@ -128,8 +139,7 @@ Communicator::Communicator(int rank, int size, const UniqueId& id, const Options
   }
   Deadline deadline(initTimeoutOf(options));
   auto access = connectWithUniqueId(f, rank, deadline, opTimeoutOf(options));
-  impl_ = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options, "unique id");
-  coll::tuneLinksIfAsked(*impl_);
+  impl_ = joinThrough(rank, size, std::move(access), options, "unique id");
 }
 
 Communicator Communicator::fromEnv(const Options& options) {
@@ -138,11 +148,9 @@ Communicator Communicator::fromEnv(const Options& options) {
   for (const auto& [field, value] : launch.provenance) LOOM_TRACE("launch: %s = %s", field.c_str(), value.c_str());
   Deadline deadline(initTimeoutOf(options));
   auto access = connectFromLaunch(launch, deadline, opTimeoutOf(options));
-  auto impl = std::make_unique<detail::CommImpl>(
+  return Communicator(joinThrough(
       launch.rank, launch.size, std::move(access), options,
-      strFormat("launcher %s, store at %s:%d", launch.launcher.c_str(), launch.masterAddr.c_str(), launch.masterPort));
-  coll::tuneLinksIfAsked(*impl);
-  return Communicator(std::move(impl));
+      strFormat("launcher %s, store at %s:%d", launch.launcher.c_str(), launch.masterAddr.c_str(), launch.masterPort)));
 }
 
 Communicator::Communicator(Communicator&&) noexcept = default;
@@ -164,11 +172,8 @@ Communicator Communicator::shrink(std::chrono::milliseconds wait) {
   int rank = 0, size = 0;
   StoreAccess access = c.shrinkAccess(wait, &rank, &size);
   LogRankScope scope(rank);
-  Options options = c.options();
-  auto impl = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options,
-                                                 strFormat("shrunk from communicator \"%s\"", c.name().c_str()));
-  coll::tuneLinksIfAsked(*impl);
-  return Communicator(std::move(impl));
+  return Communicator(joinThrough(rank, size, std::move(access), c.options(),
+                                  strFormat("shrunk from communicator \"%s\"", c.name().c_str())));
 }
 
 Communicator Communicator::split(int color, int key) {
@@ -191,11 +196,9 @@ Communicator Communicator::split(int color, int key) {
   const int newRank = static_cast<int>(
       std::find(members.begin(), members.end(), std::make_pair(static_cast<int32_t>(key), c.rank())) - members.begin());
   LogRankScope scope(newRank);
-  auto impl = std::make_unique<detail::CommImpl>(
+  return Communicator(joinThrough(
       newRank, static_cast<int>(members.size()), std::move(access), c.options(),
-      strFormat("split from communicator \"%s\" (rank %d there, color %d)", c.name().c_str(), c.rank(), color));
-  coll::tuneLinksIfAsked(*impl);
-  return Communicator(std::move(impl));
+      strFormat("split from communicator \"%s\" (rank %d there, color %d)", c.name().c_str(), c.rank(), color)));
 }
 
 Communicator Communicator::group(const std::vector<int>& ranks, const std::string& name, const Options* options) {
@@ -216,11 +219,9 @@ Communicator Communicator::group(const std::vector<int>& ranks, const std::strin
   const int newRank = static_cast<int>(me - ranks.begin());
   StoreAccess access = c.groupAccess(ranks, name);
   LogRankScope scope(newRank);
-  auto impl = std::make_unique<detail::CommImpl>(
+  return Communicator(joinThrough(
       newRank, static_cast<int>(ranks.size()), std::move(access), options != nullptr ? *options : c.options(),
-      strFormat("group \"%s\" of communicator \"%s\" (rank %d there)", name.c_str(), c.name().c_str(), c.rank()));
-  coll::tuneLinksIfAsked(*impl);
-  return Communicator(std::move(impl));
+      strFormat("group \"%s\" of communicator \"%s\" (rank %d there)", name.c_str(), c.name().c_str(), c.rank())));
 }
 
 int Communicator::rank() const { return live(impl_).rank(); }

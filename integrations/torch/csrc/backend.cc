@@ -50,6 +50,15 @@ void checkRank(int rank, int size, const char* what, const char* op) {
               ")");
 }
 
+// A group's Loom options: its timeout for joining and for every operation.
+loom::Options groupOptions(std::chrono::milliseconds timeout) {
+  loom::Options options;
+  options.timeout = timeout;
+  options.initTimeout = timeout;
+  options.name = "torch";
+  return options;
+}
+
 void checkTag(int tag, const char* op) {
   TORCH_CHECK(tag >= 0, "loom: ", op, ": tag ", tag, " is negative (tags are 0 to 2^31-1)");
 }
@@ -70,10 +79,7 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     const std::vector<uint8_t> b = store->get(kIdKey);  // waits, up to the store's timeout
     id = loom::UniqueId::fromBytes(b.data(), b.size());
   }
-  loom::Options options;
-  options.timeout = timeout;
-  options.initTimeout = timeout;
-  options.name = "torch";
+  const loom::Options options = groupOptions(timeout);
   comm_ = std::make_shared<loom::Communicator>(rank, size, id, options);
 }
 
@@ -553,10 +559,7 @@ c10::intrusive_ptr<BackendBase> createProcessGroupLoom(const c10::intrusive_ptr<
                     globalRanks[static_cast<size_t>(rank)] == from->communicator().rank(),
                 "loom: new_group: this process is rank ", from->communicator().rank(),
                 " of the default group, but rank ", rank, " of a group of ", size, " whose ranks there are ", listed);
-    loom::Options options;
-    options.timeout = timeout;
-    options.initTimeout = timeout;
-    options.name = "torch";
+    const loom::Options options = groupOptions(timeout);
     std::vector<int> ranks(globalRanks.begin(), globalRanks.end());
     comm = std::make_shared<loom::Communicator>(from->communicator().group(ranks, "torch " + groupId, &options));
   }
