@@ -1,5 +1,5 @@
 // Synchronisation of the ranks of one node through their shared arena (transport.hpp's
-// LocalArena): a barrier on the ranks' step counters, used by the algorithms that read their
+// shm::LocalArena): a barrier on the ranks' step counters, used by the algorithms that read their
 // peers' memory in place (direct.cc on host buffers, device_ipc.cc on device buffers).
 #pragma once
 
@@ -15,7 +15,7 @@ namespace coll {
 /// `target` steps. Never waits forever: a failed or departed local rank, a local rank in another
 /// collective under this sequence number, and the communicator's timeout each fail the
 /// communicator with an error naming the rank; dump requests are answered meanwhile.
-void barrier(const Context& c, const LocalArena& ar, uint64_t target);
+void barrier(const Context& c, const shm::LocalArena& ar, uint64_t target);
 
 }  // namespace coll
 }  // namespace loom

@@ -69,7 +69,7 @@ class CommView {
   /// The communicator's algorithm selector (null only while it is being made).
   virtual const Selector* selector() const = 0;
   /// The node's shared arena (ranks of one node that read each other's memory), or nullptr.
-  virtual const LocalArena* arena() const = 0;
+  virtual const shm::LocalArena* arena() const = 0;
   /// The first local peer in collective `seq` with a signature other than `sig`, as an error;
   /// success when there is none (or no shared arena).
   virtual Status localCallMismatch(int64_t seq, uint64_t sig) const = 0;

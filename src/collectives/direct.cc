@@ -45,14 +45,14 @@ uint64_t callWord(const Context& c, Kind kind, const Args& a) {
   return isOnDeviceBuffers(c.signature()) ? onDeviceBuffers(word) : word;
 }
 
-void publishCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
+void publishCall(const Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
   std::atomic<uint64_t>* w = ar.calls[static_cast<size_t>(ar.me)] + 3 * set;
   w[0].store(static_cast<uint64_t>(c.seq()), std::memory_order_relaxed);
   w[1].store(bytes, std::memory_order_relaxed);
   w[2].store(word, std::memory_order_relaxed);
 }
 
-void checkSameCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
+void checkSameCall(const Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
   for (size_t p = 0; p < ar.calls.size(); ++p) {
     if (static_cast<int>(p) == ar.me) continue;
     const std::atomic<uint64_t>* d = ar.calls[p] + 3 * set;
@@ -85,7 +85,7 @@ void checkSameCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint6
 // rank's half. A rank writes a half again two small calls on, which it reaches only after the
 // next barrier, which every rank passes only once it has finished reading: no second barrier.
 template <typename Consume>
-void smallExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, const void* stage,
+void smallExchange(Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64_t word, const void* stage,
                    size_t stageBytes, Consume consume) {
   const size_t small = directSmallMaxBytes(ar.bytes);
   uint64_t step = ar.steps[static_cast<size_t>(ar.me)]->load(std::memory_order_relaxed);
@@ -101,7 +101,7 @@ void smallExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t wo
 }  // namespace
 
 void allReduceDirect(Context& c, const Args& a) {
-  const LocalArena& ar = *c.comm().arena();
+  const shm::LocalArena& ar = *c.comm().arena();
   const int n = static_cast<int>(ar.ranks.size()), me = ar.me;
   const size_t E = a.elem;
   const size_t small = directSmallMaxBytes(ar.bytes);  // (select.hpp)
@@ -184,7 +184,7 @@ namespace {
 // `stage(at, off, len)` writes this rank's part of chunk [off, off + len) at area offset `at`;
 // `take(at, off, len)` copies what this rank needs of it from the areas.
 template <typename Stage, typename Take>
-void halvedExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, size_t length, Stage stage,
+void halvedExchange(Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64_t word, size_t length, Stage stage,
                     Take take) {
   const size_t largeAt = 2 * directSmallMaxBytes(ar.bytes);
   const size_t half = std::max<size_t>(64, ((ar.bytes - largeAt) / 2) & ~size_t{63});
@@ -204,7 +204,7 @@ void halvedExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t w
 }  // namespace
 
 void broadcastDirect(Context& c, const Args& a) {
-  const LocalArena& ar = *c.comm().arena();
+  const shm::LocalArena& ar = *c.comm().arena();
   const size_t total = a.count * a.elem;
   if (total == 0) return;
   const bool root = c.rank() == a.root;
@@ -239,7 +239,7 @@ void broadcastDirect(Context& c, const Args& a) {
 }
 
 void allGatherDirect(Context& c, const Args& a) {
-  const LocalArena& ar = *c.comm().arena();
+  const shm::LocalArena& ar = *c.comm().arena();
   const size_t block = a.count * a.elem;
   if (block == 0) return;
   const uint8_t* in = cbytes(a.send);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 namespace loom {
+namespace coll {
 
 namespace {
 int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -254,4 +255,5 @@ Hierarchy planHierarchy(const std::vector<std::vector<int>>& nodes, int rank, in
   return h;
 }
 
+}  // namespace coll
 }  // namespace loom

@@ -6,6 +6,7 @@
 #include <vector>
 
 namespace loom {
+namespace coll {
 
 /// One round of the dissemination barrier: send to `to`, receive from `from`.
 struct BarrierRound {
@@ -135,4 +136,5 @@ struct Hierarchy {
 /// `nodes[k]` lists node k's ranks ascending; every rank is on exactly one node.
 Hierarchy planHierarchy(const std::vector<std::vector<int>>& nodes, int rank, int root);
 
+}  // namespace coll
 }  // namespace loom

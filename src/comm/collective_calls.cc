@@ -106,10 +106,11 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, void* stream, bool async) {
                      : makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
   if (a.device >= 0) {
     sig = onDeviceBuffers(sig);
-    if (coll::deviceIpcUsable(c, kind, a.counts != nullptr)) return coll::launchOnDeviceIpc(c, kind, a, stream, sig);
-    if (coll::deviceNodesUsable(c, kind)) return coll::launchAcrossNodesOnDevice(c, kind, a, stream, sig);
-    return coll::launchOnDevice(c, kind, a, stream, sig,
-                                [&c, kind, sig](const Args& h, int64_t seq) { runOnHost(c, kind, h, sig, seq); });
+    if (detail::deviceIpcUsable(c, kind, a.counts != nullptr))
+      return detail::launchOnDeviceIpc(c, kind, a, stream, sig);
+    if (detail::deviceNodesUsable(c, kind)) return detail::launchAcrossNodesOnDevice(c, kind, a, stream, sig);
+    return detail::launchOnDevice(c, kind, a, stream, sig,
+                                  [&c, kind, sig](const Args& h, int64_t seq) { runOnHost(c, kind, h, sig, seq); });
   }
   auto body = [&c, kind, a, sig](int64_t seq) { runOnHost(c, kind, a, sig, seq); };
   if (async) return Work(c.submit(coll::collName(kind), body, sig));
@@ -138,7 +139,7 @@ Work allReduceImpl(const Communicator& comm, const void* s, void* r, size_t n, D
   checkOp(op, c.rank());
   checkOverlap(c, s, b, r, b, r, "all-reduce");
   Args a = makeArgs(s, r, n, t, op, 0);
-  a.device = coll::locateBuffers(c, {b ? s : nullptr, b ? r : nullptr}, st, "all-reduce");
+  a.device = detail::locateBuffers(c, {b ? s : nullptr, b ? r : nullptr}, st, "all-reduce");
   return launch(c, Coll::AllReduce, a, st, async);
 }
 
@@ -153,7 +154,7 @@ Work broadcastImpl(const Communicator& comm, const void* s, void* r, size_t n, D
     checkOverlap(c, s, b, r, b, r, "broadcast");
   }
   Args a = makeArgs(s, r, n, t, ReduceOp::Sum, root);
-  a.device = coll::locateBuffers(c, {b && c.rank() == root ? s : nullptr, b ? r : nullptr}, st, "broadcast");
+  a.device = detail::locateBuffers(c, {b && c.rank() == root ? s : nullptr, b ? r : nullptr}, st, "broadcast");
   return launch(c, Coll::Broadcast, a, st, async);
 }
 
@@ -169,7 +170,7 @@ Work reduceImpl(const Communicator& comm, const void* s, void* r, size_t n, Data
     checkOverlap(c, s, b, r, b, r, "reduce");
   }
   Args a = makeArgs(s, r, n, t, op, root);
-  a.device = coll::locateBuffers(c, {b ? s : nullptr, b && c.rank() == root ? r : nullptr}, st, "reduce");
+  a.device = detail::locateBuffers(c, {b ? s : nullptr, b && c.rank() == root ? r : nullptr}, st, "reduce");
   return launch(c, Coll::Reduce, a, st, async);
 }
 
@@ -181,7 +182,7 @@ Work allGatherImpl(const Communicator& comm, const void* s, void* r, size_t n, D
   const void* inPlace = static_cast<const uint8_t*>(r) + static_cast<size_t>(c.rank()) * b;
   checkOverlap(c, s, b, r, total, inPlace, "all-gather");
   Args a = makeArgs(s, r, n, t, ReduceOp::Sum, 0);
-  a.device = coll::locateBuffers(c, {b ? s : nullptr, total ? r : nullptr}, st, "all-gather");
+  a.device = detail::locateBuffers(c, {b ? s : nullptr, total ? r : nullptr}, st, "all-gather");
   return launch(c, Coll::AllGather, a, st, async);
 }
 
@@ -195,7 +196,7 @@ Work reduceScatterImpl(const Communicator& comm, const void* s, void* r, size_t 
   const void* inPlace = static_cast<const uint8_t*>(s) + static_cast<size_t>(c.rank()) * b;
   checkOverlap(c, r, b, s, total, inPlace, "reduce-scatter");
   Args a = makeArgs(s, r, n, t, op, 0);
-  a.device = coll::locateBuffers(c, {total ? s : nullptr, b ? r : nullptr}, st, "reduce-scatter");
+  a.device = detail::locateBuffers(c, {total ? s : nullptr, b ? r : nullptr}, st, "reduce-scatter");
   return launch(c, Coll::ReduceScatter, a, st, async);
 }
 
@@ -206,7 +207,7 @@ Work allToAllImpl(const Communicator& comm, const void* s, void* r, size_t n, Da
   c.checkBuffer(r, timesSize(c, n, "all-to-all"), t, "all-to-all");
   checkOverlap(c, s, total, r, total, r, "all-to-all");
   Args a = makeArgs(s, r, n, t, ReduceOp::Sum, 0);
-  a.device = coll::locateBuffers(c, {total ? s : nullptr, total ? r : nullptr}, st, "all-to-all");
+  a.device = detail::locateBuffers(c, {total ? s : nullptr, total ? r : nullptr}, st, "all-to-all");
   return launch(c, Coll::AllToAll, a, st, async);
 }
 
@@ -263,7 +264,7 @@ Work allToAllvImpl(const Communicator& comm, const void* s, const std::vector<si
   for (const auto* v : {&sendCounts, &sendDispls, &recvCounts, &recvDispls})
     counts->insert(counts->end(), v->begin(), v->end());
   a.counts = std::move(counts);
-  a.device = coll::locateBuffers(c, {sendBytes ? s : nullptr, recvBytes ? r : nullptr}, st, "all-to-all-v");
+  a.device = detail::locateBuffers(c, {sendBytes ? s : nullptr, recvBytes ? r : nullptr}, st, "all-to-all-v");
   return launch(c, Coll::AllToAll, a, st, async);
 }
 

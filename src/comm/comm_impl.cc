@@ -23,6 +23,8 @@
 
 namespace loom {
 namespace detail {
+
+using coll::planDisseminationBarrier;
 namespace {
 
 LOOM_PARAM_INT(timeoutParam, "LOOM_TIMEOUT", 300,
@@ -228,9 +230,9 @@ RequestPtr CommImpl::submitUnnumbered(const std::string& what, std::function<siz
   return done;
 }
 
-std::shared_ptr<coll::DeviceState> CommImpl::deviceState(device::DeviceRuntime& rt) {
+std::shared_ptr<detail::DeviceState> CommImpl::deviceState(device::DeviceRuntime& rt) {
   std::lock_guard<std::mutex> lock(deviceMu_);
-  if (!deviceState_) deviceState_ = std::make_shared<coll::DeviceState>(rt);
+  if (!deviceState_) deviceState_ = std::make_shared<detail::DeviceState>(rt);
   return deviceState_;
 }
 

@@ -34,12 +34,13 @@
 namespace loom {
 namespace device {
 class DeviceRuntime;
-}
+}  // namespace device
 namespace coll {
 class Selector;
-class DeviceState;
 }  // namespace coll
 namespace detail {
+
+class DeviceState;
 
 using coll::collectiveTag;  // the collectives' tag space (collectives/comm_view.hpp)
 using coll::kMaxChannels;
@@ -140,8 +141,8 @@ class CommImpl : public Progressable, public coll::CommView {
     checkPeer(peer, "registrationStats");
     return links_.registrationStats(peer);
   }
-  /// The node's shared arena (a transport's ArenaProvider), or nullptr.
-  const LocalArena* arena() const override { return links_.arena(); }
+  /// The node's shared arena (a transport's shm::ArenaProvider), or nullptr.
+  const shm::LocalArena* arena() const override { return links_.arena(); }
   /// Where peers' device memory is mapped (a transport's IpcCacheProvider), or nullptr when no
   /// transport shares device memory with the node's peers.
   cuda_ipc::IpcMemCache* ipcCache() const { return links_.ipcCache(); }
@@ -170,7 +171,7 @@ class CommImpl : public Progressable, public coll::CommView {
 
   /// The state of operations on device buffers (comm/device_state.hpp): made with `rt` on first
   /// use, then the same for the communicator's lifetime.
-  std::shared_ptr<coll::DeviceState> deviceState(device::DeviceRuntime& rt);
+  std::shared_ptr<detail::DeviceState> deviceState(device::DeviceRuntime& rt);
 
   // ---- Errors and lifetime. ----
   void abort();
@@ -209,7 +210,7 @@ class CommImpl : public Progressable, public coll::CommView {
   std::optional<LinkModel> link_;
   std::shared_ptr<const coll::Selector> selector_;
   std::mutex deviceMu_;
-  std::shared_ptr<coll::DeviceState> deviceState_;
+  std::shared_ptr<detail::DeviceState> deviceState_;
   int ranksOnThisMachine_ = 1;  // ranks whose boot id is this rank's (network namespaces split nodes)
   NodeMap nodes_;               // set once while joining, before any user call
 };

@@ -124,7 +124,7 @@ namespace {
 std::unique_ptr<detail::CommImpl> joinThrough(int rank, int size, StoreAccess access, const Options& options,
                                               const std::string& origin) {
   auto impl = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options, origin);
-  coll::tuneLinksIfAsked(*impl);
+  detail::tuneLinksIfAsked(*impl);
   return impl;
 }
 }  // namespace

@@ -17,7 +17,16 @@
 #include "transport/cuda_ipc/ipc_mem_cache.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::planSegments;
+using coll::Segment;
+
+using coll::Args;
+using coll::barrier;
+using coll::Coll;
+using coll::collName;
+using coll::Context;
 namespace {
 
 constexpr const char* kAlgo = "cuda_ipc";
@@ -72,7 +81,7 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
   if (!a.counts && a.count == 0) return;  // the count is in the signature: every rank skips alike
 
   try {
-    const LocalArena& ar = *comm.arena();
+    const shm::LocalArena& ar = *comm.arena();
     // 1. This rank's record; barrier.
     DeviceRecord mine;
     mine.seq = static_cast<uint64_t>(seq);
@@ -203,7 +212,7 @@ bool deviceIpcUsable(const detail::CommImpl& c, Coll kind, bool varCounts) {
   (void)kind;
   if (c.size() == 1) return true;
   if (varCounts && c.size() > kIpcMaxAllToAllvRanks) return false;
-  const LocalArena* ar = c.arena();
+  const shm::LocalArena* ar = c.arena();
   if (c.ipcCache() == nullptr || ar == nullptr || static_cast<int>(ar->ranks.size()) != c.size() ||
       static_cast<int>(ar->deviceRecords.size()) != c.size())
     return false;
@@ -227,5 +236,5 @@ Work launchOnDeviceIpc(detail::CommImpl& c, Coll kind, const Args& a, void* stre
   return holdStream(*rt, st, stream, ready, [&] { return c.submit(collName(kind), body, sig); });
 }
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

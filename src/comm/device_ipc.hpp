@@ -32,7 +32,10 @@
 #include "loom/loom.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::Args;
+using coll::Coll;
 
 /// All-to-all-v through CUDA IPC carries every rank's counts in its record: up to this many ranks.
 constexpr int kIpcMaxAllToAllvRanks = 16;
@@ -45,5 +48,5 @@ bool deviceIpcUsable(const detail::CommImpl& c, Coll kind, bool varCounts);
 /// Queues collective `kind` on device buffers (a.device >= 0) ordered on `stream`, as above.
 Work launchOnDeviceIpc(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig);
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

@@ -15,7 +15,21 @@
 #include "kernels/reduce.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::planSegments;
+using coll::Segment;
+
+using coll::allGatherAcrossNodes;
+using coll::allReduceAcrossNodes;
+using coll::Args;
+using coll::barrier;
+using coll::broadcastAcrossNodes;
+using coll::Coll;
+using coll::collName;
+using coll::Context;
+using coll::reduceAcrossNodes;
+using coll::reduceScatterAcrossNodes;
 namespace {
 
 constexpr const char* kAlgo = "cuda_ipc+net";
@@ -111,7 +125,7 @@ struct NodeCall {
   Context ctx;
   const std::string label;
   device::StreamHandle work;
-  const LocalArena& ar;
+  const shm::LocalArena& ar;
   const size_t L, me;
   std::vector<int> column;  // the ranks of this local index, one per node
   size_t node = 0;          // this rank's, an index into column
@@ -371,7 +385,7 @@ bool deviceNodesUsable(const detail::CommImpl& c, Coll kind) {
   if (L < 2) return false;
   for (int k = 0; k < c.nodeCount(); ++k)
     if (static_cast<int>(c.ranksOnNode(k).size()) != L) return false;
-  const LocalArena* ar = c.arena();
+  const shm::LocalArena* ar = c.arena();
   if (c.ipcCache() == nullptr || ar == nullptr || ar->ranks != c.ranksOnNode(c.nodeOf(c.rank())) ||
       static_cast<int>(ar->deviceRecords.size()) != L)
     return false;
@@ -397,5 +411,5 @@ Work launchAcrossNodesOnDevice(detail::CommImpl& c, Coll kind, const Args& a, vo
   return holdStream(*rt, st, stream, ready, [&] { return c.submit(collName(kind), body, sig, seqs); });
 }
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

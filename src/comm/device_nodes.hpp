@@ -29,7 +29,10 @@
 #include "loom/loom.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::Args;
+using coll::Coll;
 
 /// Whether collective `kind` on device buffers runs node-aware on this communicator (above):
 /// any but all-to-all, on two or more nodes of L >= 2 ranks each, linked within
@@ -39,5 +42,5 @@ bool deviceNodesUsable(const detail::CommImpl& c, Coll kind);
 /// Queues collective `kind` on device buffers (a.device >= 0) ordered on `stream`, as above.
 Work launchAcrossNodesOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig);
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

@@ -16,7 +16,9 @@
 #include "transport/matching.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::p2pAckTag;
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4f4f4d50325031ull;  // "LOOMP2P1"
@@ -296,5 +298,5 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
   return holdStream(*rt, st, stream, ready, [&] { return c.submitUnnumbered(what, body); });
 }
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

@@ -25,12 +25,12 @@
 #include "loom/loom.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
 
 /// Queues the sends and receives `ops` on device buffers (all on device `dev`) ordered on
 /// `stream`, posted together, receives first; returns their Work (a single receive's names its
 /// sender).
 Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPoint>& ops, int dev, void* stream);
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

@@ -19,7 +19,11 @@
 #include "transport/cuda_ipc/ipc_mem_cache.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::Segment;
+
+using coll::Context;
 
 /// A rank's record: the call it is in and where its buffers are. Written by the rank into its
 /// arena slot before a barrier; read by its peers after it, until the call's next barrier.
@@ -55,7 +59,7 @@ uint8_t* shareDeviceBuffer(DeviceState& st, const void* p, size_t bytes, int slo
 /// Writes `mine` into this rank's slot of `ar`, passes the barrier of step ++*step, and returns
 /// every local rank's record (by index in `ar.ranks`) once each is checked to be in the same call;
 /// otherwise fails the communicator naming the first that is not (`label` heads the message).
-std::vector<DeviceRecord> exchangeRecords(const Context& ctx, const LocalArena& ar, const DeviceRecord& mine,
+std::vector<DeviceRecord> exchangeRecords(const Context& ctx, const shm::LocalArena& ar, const DeviceRecord& mine,
                                           uint64_t* step, const std::string& label);
 
 /// Where the buffer (`ptr`, `h`) of record `theirs` is in this process: the pointer itself for this
@@ -69,5 +73,5 @@ uint8_t* peerDeviceBuffer(detail::CommImpl& comm, device::DeviceRuntime& rt, con
 void gatherSlices(device::DeviceRuntime& rt, uint8_t* out, const std::vector<uint8_t*>& owners,
                   const std::vector<Segment>& slices, size_t me, size_t elem, device::StreamHandle work);
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

@@ -13,7 +13,11 @@
 #include "core/param.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::Args;
+using coll::Coll;
+using coll::collName;
 namespace {
 
 LOOM_PARAM_INT(stagingBytesParam, "LOOM_DEVICE_STAGING_BYTES", 4 << 20,
@@ -228,5 +232,5 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
   return holdStream(*rt, st, stream, ready, [&] { return c.submit(what, body, sig, static_cast<int64_t>(chunks)); });
 }
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

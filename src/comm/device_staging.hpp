@@ -31,7 +31,10 @@
 #include "loom/loom.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::Args;
+using coll::Coll;
 
 /// Elements of one staged chunk and how many chunks a collective of `count` elements (per rank
 /// block for all-gather, reduce-scatter, all-to-all) takes when the staging slots hold
@@ -57,5 +60,5 @@ int locateBuffers(const detail::CommImpl& c, std::initializer_list<const void*> 
 using HostRun = std::function<void(const Args& hostArgs, int64_t seq)>;
 Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig, const HostRun& run);
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

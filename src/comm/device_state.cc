@@ -9,7 +9,7 @@
 #include "core/status.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
 namespace {
 
 // Completion flags: 32-bit words in mapped host memory, one per communicator. Never freed: a
@@ -170,5 +170,5 @@ void rejectCapture(device::DeviceRuntime& rt, void* stream, const detail::CommIm
                        what));
 }
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

@@ -26,7 +26,7 @@
 #include "loom/loom.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
 
 /// Per communicator: the flag and its counters, copy streams, pinned slots.
 class DeviceState {
@@ -105,5 +105,5 @@ Work holdStream(device::DeviceRuntime& rt, const std::shared_ptr<DeviceState>& s
 /// Rejects a stream being captured into a CUDA graph: host-driven work cannot be replayed.
 void rejectCapture(device::DeviceRuntime& rt, void* stream, const detail::CommImpl& c, const char* what);
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

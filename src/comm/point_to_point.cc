@@ -27,7 +27,7 @@ void checkNotSelf(const detail::CommImpl& c, int peer, const char* what) {
 // Where one op's buffer is (-1: host), checked like a collective's.
 int locate(const detail::CommImpl& c, const PointToPoint& op, void* stream) {
   const size_t bytes = c.checkBuffer(op.buf, op.count, op.type, op.send ? "send" : "recv");
-  return coll::locateBuffers(c, {bytes ? op.buf : nullptr}, stream, op.send ? "send" : "recv");
+  return detail::locateBuffers(c, {bytes ? op.buf : nullptr}, stream, op.send ? "send" : "recv");
 }
 
 // One Work for several requests: done when all are, failed with the first failure; its bytes are
@@ -68,7 +68,7 @@ Work Communicator::igroup(const std::vector<PointToPoint>& ops, void* stream) {
     }
     dev = d;
   }
-  if (dev >= 0) return coll::launchPointToPointOnDevice(c, ops, dev, stream);
+  if (dev >= 0) return detail::launchPointToPointOnDevice(c, ops, dev, stream);
   // Receives first, then sends: every receive is posted before a large send needs it.
   std::vector<RequestPtr> parts;
   std::vector<bool> isRecv;

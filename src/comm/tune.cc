@@ -11,7 +11,19 @@
 #include "core/param.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
+
+using coll::algoOverrideFromEnv;
+using coll::allReduceRecursiveDoubling;
+using coll::Args;
+using coll::Context;
+using coll::CostModel;
+using coll::costModelFor;
+using coll::directMinBytesFromEnv;
+using coll::directSmallMaxBytes;
+using coll::NodeShape;
+using coll::ringChannelsSet;
+using coll::Selector;
 namespace {
 
 LOOM_PARAM_INT(tuneParam, "LOOM_TUNE", -1,
@@ -105,7 +117,7 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   for (int k = 0; k < comm.nodeCount(); ++k)
     shape.evenNodes = shape.evenNodes && static_cast<int>(comm.ranksOnNode(k).size()) == shape.maxLocal;
   shape.intra = costModelFor(comm.nodeLink());
-  const LocalArena* arena = comm.arena();
+  const shm::LocalArena* arena = comm.arena();
   shape.direct = arena != nullptr && static_cast<int>(arena->ranks.size()) == comm.size() && comm.size() > 1;
   shape.directMinBytes = directMinBytesFromEnv();
   if (shape.direct) shape.directSmallMaxBytes = directSmallMaxBytes(arena->bytes);
@@ -138,5 +150,5 @@ void measureLinksIfAsked(detail::CommImpl& comm) {
   if (comm.rank() == 0) LOOM_INFO("measured links: %.1f us latency, %.2f GB/s (LOOM_TUNE)", agreed[0], gbps);
 }
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

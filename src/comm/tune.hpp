@@ -11,7 +11,7 @@
 #include "comm/comm_impl.hpp"
 
 namespace loom {
-namespace coll {
+namespace detail {
 
 /// Measures α and β when LOOM_TUNE is set and stores them in the communicator (CommImpl::link),
 /// then gives it its algorithm selector (cost model of its slowest kind of link, or the measured
@@ -20,5 +20,5 @@ void tuneLinksIfAsked(detail::CommImpl& comm);
 /// The measuring part alone.
 void measureLinksIfAsked(detail::CommImpl& comm);
 
-}  // namespace coll
+}  // namespace detail
 }  // namespace loom

@@ -88,7 +88,7 @@ void LinkTable::connect(TransportContext& ctx) {
   for (auto* e : engines_) e->seal();
   // The transports' services, found once here (every collective asks).
   for (const auto& t : transports_) {
-    if (const auto* p = dynamic_cast<const ArenaProvider*>(t.get()); p != nullptr && arena_ == nullptr)
+    if (const auto* p = dynamic_cast<const shm::ArenaProvider*>(t.get()); p != nullptr && arena_ == nullptr)
       arena_ = p->arena();
     if (auto* p = dynamic_cast<cuda_ipc::IpcCacheProvider*>(t.get()); p != nullptr && ipcCache_ == nullptr)
       ipcCache_ = p->ipcCache();

@@ -51,8 +51,8 @@ class LinkTable {
   /// The link two ranks of one node get, decided alike on every rank (a rank alone on its node
   /// included): the first transport that reaches a peer when every rank shares this node.
   const LinkProperties& nodeLink() const { return nodeLink_; }
-  /// The node's shared arena (a transport's ArenaProvider), or nullptr.
-  const LocalArena* arena() const { return arena_; }
+  /// The node's shared arena (a transport's shm::ArenaProvider), or nullptr.
+  const shm::LocalArena* arena() const { return arena_; }
   /// Where peers' device memory is mapped (a transport's IpcCacheProvider), or nullptr.
   cuda_ipc::IpcMemCache* ipcCache() const { return ipcCache_; }
   /// Registers [addr, addr + bytes) with the transport linking to `peer` (for this rank itself:
@@ -99,7 +99,7 @@ class LinkTable {
   std::vector<Transport*> transportTo_;             // by rank; null for this rank
   std::vector<LinkProperties> props_;               // by rank
   LinkProperties nodeLink_;
-  const LocalArena* arena_ = nullptr;
+  const shm::LocalArena* arena_ = nullptr;
   cuda_ipc::IpcMemCache* ipcCache_ = nullptr;
   std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
   AnySource anySource_;                  // before conns_ is cleared, every link has left it

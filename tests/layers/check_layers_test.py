@@ -84,6 +84,33 @@ class PlantedFaults(unittest.TestCase):
         code, out = self.check()
         self.assertEqual(code, 0, out)
 
+    def write(self, rel, text):
+        with open(os.path.join(self.tmp, rel), "w") as f:
+            f.write(text)
+
+    def test_a_communicator_file_in_the_algorithms_namespace(self):
+        self.write("src/comm/planted.cc", "namespace loom {\nnamespace coll {\nint planted = 0;\n}  // namespace coll\n"
+                   "}  // namespace loom\n")
+        self.assertFails("src/comm/planted.cc:2: defines in namespace loom::coll, which belongs to another folder")
+
+    def test_an_algorithm_outside_its_folders_namespace(self):
+        self.write("src/collectives/planted.cc", "namespace loom {\nnamespace {\nint planted = 0;\n}  // namespace\n"
+                   "}  // namespace loom\n")
+        self.assertFails("src/collectives/planted.cc:2: defines in namespace loom, but src/collectives/ is namespace "
+                         "loom::coll")
+
+    def test_a_transport_in_another_transports_namespace(self):
+        self.write("src/transport/tcp/planted.hpp", "namespace loom::shm {\nstruct Planted {};\n}  // namespace loom::shm\n")
+        self.assertFails("src/transport/tcp/planted.hpp:1: defines in namespace loom::shm, but src/transport/tcp/ is "
+                         "namespace loom::tcp")
+
+    def test_forward_declarations_may_name_any_namespace(self):
+        self.write("src/comm/planted.hpp", "namespace loom {\nnamespace coll {\nclass Selector;\nstruct Args;\n"
+                   "}  // namespace coll\nnamespace device {\nclass DeviceRuntime;\n}  // namespace device\n"
+                   "}  // namespace loom\n")
+        code, out = self.check()
+        self.assertEqual(code, 0, out)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -53,7 +53,7 @@ TEST(DeviceChunks, SlotsHoldInputAndOutputOfEveryChunk) {
          {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll})
       for (size_t elem : {1, 2, 8})
         for (size_t count : {0, 1, 7, 1000003}) {
-          auto d = loom::coll::planDeviceChunks(k, count, elem, size, slot);
+          auto d = loom::detail::planDeviceChunks(k, count, elem, size, slot);
           ASSERT_GE(d.elems, 1u);
           EXPECT_GE(d.chunks * d.elems, count);
           if (count > 0) {

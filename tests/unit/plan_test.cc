@@ -9,8 +9,8 @@
 // the rounds of senders and receivers must pair up exactly.
 TEST(Plan, DisseminationBarrierCoversEveryRank) {
   for (int n = 1; n <= 64; ++n) {
-    std::vector<std::vector<loom::BarrierRound>> plans;
-    for (int r = 0; r < n; ++r) plans.push_back(loom::planDisseminationBarrier(r, n));
+    std::vector<std::vector<loom::coll::BarrierRound>> plans;
+    for (int r = 0; r < n; ++r) plans.push_back(loom::coll::planDisseminationBarrier(r, n));
     size_t rounds = plans[0].size();
     size_t expect = 0;
     while ((1 << expect) < n) ++expect;
@@ -33,14 +33,14 @@ TEST(Plan, DisseminationBarrierCoversEveryRank) {
 TEST(Plan, SegmentsAndChunksCoverEveryElementOnce) {
   for (size_t count : {0, 1, 2, 7, 1021, 1048579})
     for (int parts = 1; parts <= 9; ++parts) {
-      auto segs = loom::planSegments(count, parts);
+      auto segs = loom::coll::planSegments(count, parts);
       ASSERT_EQ(segs.size(), static_cast<size_t>(parts));
       size_t next = 0;
       for (const auto& s : segs) {
         EXPECT_EQ(s.offset, next);
         EXPECT_LE(s.count, count / parts + 1);
         size_t inner = s.offset;
-        for (const auto& ch : loom::planChunks(s, 1000)) {
+        for (const auto& ch : loom::coll::planChunks(s, 1000)) {
           EXPECT_EQ(ch.offset, inner);
           EXPECT_LE(ch.count, 1000u);
           inner += ch.count;
@@ -61,23 +61,23 @@ TEST(Plan, RingScheduleIsConsistent) {
       for (int r = 0; r < n; ++r) {
         std::vector<int> reduced(n, 0);
         for (int s = 0; s < n - 1; ++s) {
-          EXPECT_EQ(loom::ringSendSegment(r, n, s, shift), loom::ringRecvSegment((r + 1) % n, n, s, shift));
-          EXPECT_EQ(loom::ringGatherSend(r, n, s, shift), loom::ringGatherRecv((r + 1) % n, n, s, shift));
+          EXPECT_EQ(loom::coll::ringSendSegment(r, n, s, shift), loom::coll::ringRecvSegment((r + 1) % n, n, s, shift));
+          EXPECT_EQ(loom::coll::ringGatherSend(r, n, s, shift), loom::coll::ringGatherRecv((r + 1) % n, n, s, shift));
           if (s > 0) {
-            EXPECT_EQ(loom::ringSendSegment(r, n, s, shift), loom::ringRecvSegment(r, n, s - 1, shift));
+            EXPECT_EQ(loom::coll::ringSendSegment(r, n, s, shift), loom::coll::ringRecvSegment(r, n, s - 1, shift));
           }
-          reduced[loom::ringRecvSegment(r, n, s, shift)]++;
+          reduced[loom::coll::ringRecvSegment(r, n, s, shift)]++;
         }
-        int own = loom::ringOwnedSegment(r, n, shift);
-        EXPECT_EQ(own, loom::ringRecvSegment(r, n, n - 2, shift));
-        EXPECT_EQ(loom::ringGatherSend(r, n, 0, shift), own);
+        int own = loom::coll::ringOwnedSegment(r, n, shift);
+        EXPECT_EQ(own, loom::coll::ringRecvSegment(r, n, n - 2, shift));
+        EXPECT_EQ(loom::coll::ringGatherSend(r, n, 0, shift), own);
         owners[own]++;
-        EXPECT_EQ(reduced[loom::ringSendSegment(r, n, 0, shift)], 0);  // its own first segment: input only
+        EXPECT_EQ(reduced[loom::coll::ringSendSegment(r, n, 0, shift)], 0);  // its own first segment: input only
       }
       for (int o : owners) EXPECT_EQ(o, 1);
       if (shift == n - 1) {
         for (int r = 0; r < n; ++r) {
-          EXPECT_EQ(loom::ringOwnedSegment(r, n, shift), r);
+          EXPECT_EQ(loom::coll::ringOwnedSegment(r, n, shift), r);
         }
       }
     }
@@ -90,13 +90,13 @@ TEST(Plan, ChannelRingsAreRingsInAlternatingDirections) {
     for (int ch = 0; ch < 4; ++ch) {
       std::vector<int> seen(n, 0);
       for (int r = 0; r < n; ++r) {
-        loom::RingView v = loom::planRing(r, n, ch);
+        loom::coll::RingView v = loom::coll::planRing(r, n, ch);
         ASSERT_GE(v.pos, 0);
         ASSERT_LT(v.pos, n);
         seen[v.pos]++;
-        EXPECT_EQ(loom::ringRankAt(v.pos, n, ch), r);
-        EXPECT_EQ(loom::planRing(v.next, n, ch).prev, r);
-        EXPECT_EQ(loom::planRing(v.next, n, ch).pos, (v.pos + 1) % n);
+        EXPECT_EQ(loom::coll::ringRankAt(v.pos, n, ch), r);
+        EXPECT_EQ(loom::coll::planRing(v.next, n, ch).prev, r);
+        EXPECT_EQ(loom::coll::planRing(v.next, n, ch).pos, (v.pos + 1) % n);
         EXPECT_EQ(v.next, ch % 2 == 0 ? (r + 1) % n : (r + n - 1) % n);
       }
       for (int s : seen) EXPECT_EQ(s, 1);
@@ -104,13 +104,13 @@ TEST(Plan, ChannelRingsAreRingsInAlternatingDirections) {
 }
 
 TEST(Plan, ChannelCountKeepsSegmentsLargeEnough) {
-  EXPECT_EQ(loom::planChannelCount(1 << 20, 4, 1, 64 << 10), 1);
-  EXPECT_EQ(loom::planChannelCount(1 << 20, 1, 4, 64 << 10), 1);
-  EXPECT_EQ(loom::planChannelCount(0, 4, 4, 64 << 10), 1);
-  EXPECT_EQ(loom::planChannelCount(256 << 10, 4, 4, 64 << 10), 1);  // 64 KiB per rank: one channel
-  EXPECT_EQ(loom::planChannelCount(512 << 10, 4, 4, 64 << 10), 2);  // 128 KiB per rank: two of 64 KiB
-  EXPECT_EQ(loom::planChannelCount(64 << 20, 4, 4, 64 << 10), 4);   // capped
-  EXPECT_EQ(loom::planChannelCount(64 << 20, 8, 16, 0), 16);        // no minimum
+  EXPECT_EQ(loom::coll::planChannelCount(1 << 20, 4, 1, 64 << 10), 1);
+  EXPECT_EQ(loom::coll::planChannelCount(1 << 20, 1, 4, 64 << 10), 1);
+  EXPECT_EQ(loom::coll::planChannelCount(0, 4, 4, 64 << 10), 1);
+  EXPECT_EQ(loom::coll::planChannelCount(256 << 10, 4, 4, 64 << 10), 1);  // 64 KiB per rank: one channel
+  EXPECT_EQ(loom::coll::planChannelCount(512 << 10, 4, 4, 64 << 10), 2);  // 128 KiB per rank: two of 64 KiB
+  EXPECT_EQ(loom::coll::planChannelCount(64 << 20, 4, 4, 64 << 10), 4);   // capped
+  EXPECT_EQ(loom::coll::planChannelCount(64 << 20, 8, 16, 0), 16);        // no minimum
 }
 
 TEST(Plan, BinomialTreeParentsAndChildrenAgree) {
@@ -118,7 +118,7 @@ TEST(Plan, BinomialTreeParentsAndChildrenAgree) {
     for (int root : {0, n / 2, n - 1}) {
       std::vector<int> parentOf(n, -2);
       for (int r = 0; r < n; ++r) {
-        auto node = loom::planBinomialTree(r, n, root);
+        auto node = loom::coll::planBinomialTree(r, n, root);
         EXPECT_EQ(node.parent == -1, r == root);
         for (int child : node.children) {
           EXPECT_EQ(parentOf[child], -2) << "two parents";
@@ -127,15 +127,15 @@ TEST(Plan, BinomialTreeParentsAndChildrenAgree) {
       }
       for (int r = 0; r < n; ++r) {
         if (r == root) continue;
-        EXPECT_EQ(parentOf[r], loom::planBinomialTree(r, n, root).parent) << "n=" << n << " r=" << r;
+        EXPECT_EQ(parentOf[r], loom::coll::planBinomialTree(r, n, root).parent) << "n=" << n << " r=" << r;
       }
     }
 }
 
 TEST(Plan, RecursiveDoublingPartnersArePaired) {
   for (int n = 1; n <= 64; ++n) {
-    std::vector<loom::DoublingPlan> plans;
-    for (int r = 0; r < n; ++r) plans.push_back(loom::planRecursiveDoubling(r, n));
+    std::vector<loom::coll::DoublingPlan> plans;
+    for (int r = 0; r < n; ++r) plans.push_back(loom::coll::planRecursiveDoubling(r, n));
     int active = 0;
     for (int r = 0; r < n; ++r) {
       const auto& p = plans[r];
@@ -156,13 +156,13 @@ TEST(Plan, RecursiveDoublingPartnersArePaired) {
 // ranks cover the buffer exactly once; the all-gather's sends cover what the rank keeps, with the
 // early ones inside the next step's keep and the rest exactly the next step's receives.
 TEST(Plan, HalvingDoublingExchangesMatchAndCoverTheBuffer) {
-  auto same = [](const std::vector<loom::Segment>& x, const std::vector<loom::Segment>& y) {
+  auto same = [](const std::vector<loom::coll::Segment>& x, const std::vector<loom::coll::Segment>& y) {
     if (x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i)
       if (x[i].offset != y[i].offset || x[i].count != y[i].count) return false;
     return true;
   };
-  auto covers = [](const std::vector<loom::Segment>& parts, const loom::Segment& whole) {
+  auto covers = [](const std::vector<loom::coll::Segment>& parts, const loom::coll::Segment& whole) {
     std::vector<int> seen(whole.count, 0);
     for (const auto& p : parts) {
       if (p.offset < whole.offset || p.offset + p.count > whole.offset + whole.count) return false;
@@ -176,8 +176,8 @@ TEST(Plan, HalvingDoublingExchangesMatchAndCoverTheBuffer) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1021}, size_t{100003}})
       for (size_t chunk : {size_t{1}, size_t{3}, size_t{64}, size_t{1} << 20}) {
         if (chunk == 1 && count > 1021) continue;
-        std::vector<loom::HalvingPlan> plans;
-        for (int r = 0; r < n; ++r) plans.push_back(loom::planHalvingDoubling(r, n, count, chunk));
+        std::vector<loom::coll::HalvingPlan> plans;
+        for (int r = 0; r < n; ++r) plans.push_back(loom::coll::planHalvingDoubling(r, n, count, chunk));
         std::vector<int> owner(count, 0);
         for (int r = 0; r < n; ++r) {
           const auto& p = plans[r];
@@ -188,7 +188,7 @@ TEST(Plan, HalvingDoublingExchangesMatchAndCoverTheBuffer) {
             EXPECT_TRUE(p.steps.empty());
             continue;
           }
-          loom::Segment range{0, count};
+          loom::coll::Segment range{0, count};
           for (size_t k = 0; k < p.steps.size(); ++k) {
             const auto& s = p.steps[k];
             const auto& q = plans[s.partner].steps[k];
@@ -202,11 +202,12 @@ TEST(Plan, HalvingDoublingExchangesMatchAndCoverTheBuffer) {
             EXPECT_TRUE(covers(s.agRecv, s.give));
             if (k + 1 < p.steps.size()) {
               const auto& next = p.steps[k + 1];
-              std::vector<loom::Segment> early(s.rsRecv.begin(), s.rsRecv.begin() + static_cast<long>(s.rsEarly));
+              std::vector<loom::coll::Segment> early(s.rsRecv.begin(), s.rsRecv.begin() + static_cast<long>(s.rsEarly));
               EXPECT_TRUE(covers(early, next.give));
-              std::vector<loom::Segment> ready(s.agSend.begin(), s.agSend.begin() + static_cast<long>(s.agEarly));
+              std::vector<loom::coll::Segment> ready(s.agSend.begin(), s.agSend.begin() + static_cast<long>(s.agEarly));
               EXPECT_TRUE(covers(ready, next.keep));
-              std::vector<loom::Segment> forwarded(s.agSend.begin() + static_cast<long>(s.agEarly), s.agSend.end());
+              std::vector<loom::coll::Segment> forwarded(s.agSend.begin() + static_cast<long>(s.agEarly),
+                                                         s.agSend.end());
               EXPECT_TRUE(same(forwarded, next.agRecv));
             } else {
               EXPECT_EQ(s.rsEarly, 0u);
@@ -232,23 +233,23 @@ TEST(Plan, DoubleBinaryTreesAreSpanningTrees) {
     for (int t = 0; t < 2; ++t) {
       int roots = 0;
       for (int r = 0; r < n; ++r) {
-        auto node = loom::planDoubleTree(r, n, t);
+        auto node = loom::coll::planDoubleTree(r, n, t);
         if (node.parent < 0)
           ++roots;
         else {
-          auto p = loom::planDoubleTree(node.parent, n, t);
+          auto p = loom::coll::planDoubleTree(node.parent, n, t);
           EXPECT_TRUE(p.children[0] == r || p.children[1] == r) << "n=" << n << " tree " << t << " rank " << r;
         }
         for (int child : node.children) {
           if (child >= 0) {
-            EXPECT_EQ(loom::planDoubleTree(child, n, t).parent, r);
+            EXPECT_EQ(loom::coll::planDoubleTree(child, n, t).parent, r);
           }
         }
         if (node.children[0] < 0 && node.children[1] < 0) leaves[r]++;
         // Walking up reaches the root within n steps: no cycles.
         int cur = r, steps = 0;
         while (cur >= 0 && steps <= n) {
-          cur = loom::planDoubleTree(cur, n, t).parent;
+          cur = loom::coll::planDoubleTree(cur, n, t).parent;
           ++steps;
         }
         EXPECT_LE(steps, n) << "cycle";
@@ -265,7 +266,7 @@ TEST(Plan, DoubleBinaryTreesAreSpanningTrees) {
 TEST(Plan, HierarchyLeadersAndGroups) {
   // Nodes {0,2,4}, {1,3}, {5}: leaders are the lowest ranks, unless the root is on the node.
   const std::vector<std::vector<int>> nodes = {{0, 2, 4}, {1, 3}, {5}};
-  auto h = loom::planHierarchy(nodes, 2, 0);
+  auto h = loom::coll::planHierarchy(nodes, 2, 0);
   EXPECT_EQ(h.local, (std::vector<int>{0, 2, 4}));
   EXPECT_EQ(h.localIndex, 1);
   EXPECT_EQ(h.localRoot, 0);
@@ -273,7 +274,7 @@ TEST(Plan, HierarchyLeadersAndGroups) {
   EXPECT_EQ(h.leaderIndex, -1);
   EXPECT_EQ(h.leaderRoot, 0);
   // Root 3: node 1 is led by 3; this rank (3) leads it and is the leaders' root.
-  h = loom::planHierarchy(nodes, 3, 3);
+  h = loom::coll::planHierarchy(nodes, 3, 3);
   EXPECT_EQ(h.leaders, (std::vector<int>{0, 3, 5}));
   EXPECT_EQ(h.leaderIndex, 1);
   EXPECT_EQ(h.leaderRoot, 1);
@@ -282,7 +283,7 @@ TEST(Plan, HierarchyLeadersAndGroups) {
   // Every rank finds itself exactly once, and every leader is on its node.
   for (int root = 0; root < 6; ++root)
     for (int r = 0; r < 6; ++r) {
-      auto x = loom::planHierarchy(nodes, r, root);
+      auto x = loom::coll::planHierarchy(nodes, r, root);
       EXPECT_EQ(x.local[static_cast<size_t>(x.localIndex)], r);
       EXPECT_EQ(x.leaders[static_cast<size_t>(x.leaderRoot)], root);
       const int myLeader = x.local[static_cast<size_t>(x.localRoot)];

@@ -22,7 +22,7 @@
 namespace loom {
 namespace cuda_ipc {
 
-class CudaIpcTransport : public Transport, public ArenaProvider, public IpcCacheProvider {
+class CudaIpcTransport : public Transport, public shm::ArenaProvider, public IpcCacheProvider {
  public:
   CudaIpcTransport() = default;
   ~CudaIpcTransport() override;
@@ -37,7 +37,7 @@ class CudaIpcTransport : public Transport, public ArenaProvider, public IpcCache
   bool reaches(const TransportContext& ctx, int peer) const override;
   void publish(TransportContext& ctx) override { shm_.publish(ctx); }
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
-  const LocalArena* arena() const override { return shm_.arena(); }
+  const shm::LocalArena* arena() const override { return shm_.arena(); }
   IpcMemCache* ipcCache() override { return &cache_; }
 
  private:

@@ -13,6 +13,7 @@
 #include <vector>
 
 namespace loom {
+namespace shm {
 
 /// Memory every rank of this node can load from in place (the shared-memory transport's direct
 /// areas): one buffer per local rank, with that rank's step counter and the description of the
@@ -68,4 +69,5 @@ class ArenaProvider {
   ~ArenaProvider() = default;
 };
 
+}  // namespace shm
 }  // namespace loom
