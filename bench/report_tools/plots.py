@@ -100,8 +100,42 @@ def draw_nodes(rate, title):
                 f"all-reduce across 4 virtual nodes, {title}", lines, ceilings, subtitle(res))
 
 
+def draw_scale():
+    """Init time and links per rank against the world size, Loom beside Gloo's full mesh."""
+    res = render.load("scale")
+    if res is None:
+        return None
+    rows = [("loom threads", "Loom, ranks as threads", "#1f5fbf", "-"),
+            ("loom processes", "Loom, ranks as processes", "#1f5fbf", "--"),
+            ("gloo threads", "Gloo full mesh, ranks as threads", "#2ca02c", "-")]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4), dpi=110)
+    for key, label, colour, style in rows:
+        pts = sorted((r["ranks"], r["init_ms"], r["links"]) for r in res["data"]["results"]
+                     if r["row"] == key and "failed" not in r)
+        if not pts:
+            continue
+        ns, init, links = zip(*pts)
+        left.plot(ns, [t / 1000 for t in init], style, color=colour, marker="o", markersize=4, label=label)
+        right.plot(ns, links, style, color=colour, marker="o", markersize=4, label=label)
+    for ax, ylabel in ((left, "init time (s)"), (right, "links per rank")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks (N)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    left.set_title("time to initialise a communicator", fontsize=10)
+    right.set_title("links each rank holds after a first all-reduce", fontsize=10)
+    fig.text(0.01, 0.01, subtitle(res), fontsize=7, color="grey")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path = os.path.join(render.PLOTS, "scale.png")
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def draw_all():
     os.makedirs(render.PLOTS, exist_ok=True)
     made = [draw_allreduce(4), draw_allreduce(2), draw_nodes("1gbit", "1 Gbit/s links"),
-            draw_nodes("5gbit", "5 Gbit/s links"), draw_nodes("none", "unshaped links")]
+            draw_nodes("5gbit", "5 Gbit/s links"), draw_nodes("none", "unshaped links"), draw_scale()]
     return [p for p in made if p]

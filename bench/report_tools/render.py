@@ -362,6 +362,49 @@ def render_faults(res_doc):
     return "".join(out)
 
 
+# ---- scale ----------------------------------------------------------------------------------------
+
+SCALE_ROWS = [("loom threads", "Loom, ranks as threads"), ("loom processes", "Loom, ranks as processes"),
+              ("gloo threads", "Gloo full mesh, ranks as threads")]
+
+
+def ms(v):
+    return "–" if v is None else (f"{v:.2f} ms" if v < 10 else f"{v:.0f} ms" if v < 10000 else f"{v / 1000:.1f} s")
+
+
+@stamped("scale", "scale")
+def render_scale(res_doc):
+    d = res_doc["data"]
+    by = {(r["row"], r["ranks"]): r for r in d["results"]}
+    sizes = sorted({r["ranks"] for r in d["results"]})
+    rows, notes = [], []
+    for n in sizes:
+        row = [str(n)]
+        for key, _ in SCALE_ROWS:
+            r = by.get((key, n))
+            if r is None:
+                row += ["", ""] if key == "gloo threads" else ["", "", "", ""]
+                continue
+            if "failed" in r:
+                notes.append(f"{n} ranks, {key}: {r['failed'][:200]}")
+                row += [f"failed ({len(notes)})"] + ([""] if key == "gloo threads" else ["", "", ""])
+                continue
+            if key == "gloo threads":
+                row += [f"{ms(r['init_ms'])} / {ms(r['first_ms'])}", f"{r['links']:.0f} / {r['fds']:.0f}"]
+            else:
+                row += [ms(r["init_ms"]), ms(r["first_ms"]), ms(r["split_ms"]), f"{r['links']:.0f} / {r['fds']:.0f}"]
+        rows.append(row)
+    headers = ["N", "Loom threads: init", "first all-reduce", f"split into {d['groups']}", "links / fds per rank",
+               "Loom processes: init", "first all-reduce", f"split into {d['groups']}", "links / fds per rank",
+               "Gloo full mesh: init / first", "links / fds per rank"]
+    out = [table(headers, rows)]
+    out.append(f"\nMedians of {d['repeats']} runs on {d['cores']} cores; times are the slowest rank's; "
+               "descriptors per rank are those the communicator opened (threads: the process's, divided by N).\n")
+    for i, text in enumerate(notes, 1):
+        out.append(f"\n({i}) `{text}`\n")
+    return "".join(out)
+
+
 def render_algos(doc_dir):
     res_doc = load("algos")
     if res_doc is None:
@@ -424,6 +467,7 @@ RENDERERS = {
     "ddp": render_ddp,
     "faults": render_faults,
     "algos": render_algos,
+    "scale": render_scale,
 }
 
 

@@ -1,5 +1,8 @@
 #include "transport/link_table.hpp"
 
+#include <algorithm>
+
+#include "core/descriptors.hpp"
 #include "core/format.hpp"
 #include "transport/self_connection.hpp"
 
@@ -55,6 +58,26 @@ void LinkTable::connect(TransportContext& ctx) {
                                 names.c_str(), r, nodeOf(r), nodeOf(rank_)));
     }
     peersOf[t].push_back(r);
+  }
+  size_t descriptors = 0;
+  for (size_t t = 0; t < transports_.size(); ++t)
+    descriptors += peersOf[t].size() * static_cast<size_t>(std::max(0, transports_[t]->descriptorsPerLink(ctx)));
+  // Promised to these links until they are open (ranks as threads of one process connect at once).
+  struct Promise {
+    size_t n;
+    ~Promise() {
+      if (n > 0) releaseDescriptors(n);
+    }
+  } promise{0};
+  if (descriptors > 0) {
+    const std::string why = makeRoomForDescriptors(descriptors);
+    promise.n = why.empty() ? descriptors : 0;
+    if (!why.empty()) {
+      LOOM_THROW(ErrorCode::System, rank_,
+                 strFormat("cannot link %d peers: %s. Raise the limit (ulimit -n), or use fewer sockets per peer "
+                           "(LOOM_SOCKETS_PER_PEER)",
+                           size_ - 1, why.c_str()));
+    }
   }
   const auto n = static_cast<size_t>(size_);
   conns_.resize(n);

@@ -135,6 +135,12 @@ class Transport {
   virtual std::string absentReason() const { return std::string(); }
   /// Publishes this rank's endpoint in ctx.store. Called before connect() on every rank.
   virtual void publish(TransportContext& ctx) = 0;
+  /// File descriptors each of its links holds open (sockets), so that the link table can make room
+  /// for them before connecting (core/descriptors.hpp).
+  virtual int descriptorsPerLink(const TransportContext& ctx) const {
+    (void)ctx;
+    return 0;
+  }
   /// Connects to every rank in `peers`, all ranks at once; returns connections indexed like peers.
   virtual std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) = 0;
   /// Registers [addr, addr + bytes) for this transport's links (registration.hpp): a transport

@@ -46,6 +46,11 @@ class IbTransport : public Transport, private Registrar {
   bool reaches(const TransportContext& ctx, int peer) const override;
   std::string absentReason() const override { return port_ ? std::string() : why_; }
   void publish(TransportContext& ctx) override;
+  /// The side channel (a TCP socket) of each link; queue pairs hold none.
+  int descriptorsPerLink(const TransportContext& ctx) const override {
+    (void)ctx;
+    return 1;
+  }
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
   Registration registerMemory(const void* addr, size_t bytes, Status* error) override;
   RegistrationStats registrationStats() const override { return cache_ ? cache_->stats() : RegistrationStats{}; }

@@ -39,6 +39,8 @@ class TcpTransport : public Transport {
   /// (fewer, larger sends), several rings in parallel.
   static LinkProperties linkProperties();
   void publish(TransportContext& ctx) override;
+  /// Its sockets to the peer.
+  int descriptorsPerLink(const TransportContext& ctx) const override { return ctx.socketsPerPeer; }
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
 
   /// The address this rank listens on for interface `i` (after publish).

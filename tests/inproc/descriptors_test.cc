@@ -1,0 +1,81 @@
+// A job that needs more file descriptors than the soft limit allows: the link table raises the
+// soft limit toward the hard one before it connects; where it may not (LOOM_RAISE_FD_LIMIT=0),
+// every rank fails at init with an error naming the limit, not EMFILE inside a handshake.
+#include "core/descriptors.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <cstdint>
+
+#include "common/env_guard.hpp"
+#include "common/ranks.hpp"
+
+namespace {
+
+constexpr int kRanks = 8;
+constexpr int kSockets = 16;  // per peer (the most): 8 ranks x 7 peers x 16 = 896 sockets in this process
+
+/// Sets the soft descriptor limit for a scope, and restores it.
+class SoftLimit {
+ public:
+  explicit SoftLimit(rlim_t soft) {
+    getrlimit(RLIMIT_NOFILE, &saved_);
+    rlimit l = saved_;
+    l.rlim_cur = soft;
+    setrlimit(RLIMIT_NOFILE, &l);
+  }
+  ~SoftLimit() { setrlimit(RLIMIT_NOFILE, &saved_); }
+  static rlim_t soft() {
+    rlimit l{};
+    getrlimit(RLIMIT_NOFILE, &l);
+    return l.rlim_cur;
+  }
+  static rlim_t hard() {
+    rlimit l{};
+    getrlimit(RLIMIT_NOFILE, &l);
+    return l.rlim_max;
+  }
+
+ private:
+  rlimit saved_{};
+};
+
+loom::Options manySockets() {
+  loom::Options o;
+  o.socketsPerPeer = kSockets;
+  return o;
+}
+
+TEST(Descriptors, TheSoftLimitIsRaisedForTheLinks) {
+  loomtest::TransportSetup tcp("tcp");
+  const rlim_t low = loom::openDescriptors() + 80;
+  if (SoftLimit::hard() != RLIM_INFINITY && SoftLimit::hard() < low + 2000)
+    GTEST_SKIP() << "the hard descriptor limit (" << SoftLimit::hard() << ") leaves no room to raise";
+  SoftLimit limit(low);
+  loomtest::runOk(
+      kRanks,
+      [](loom::Communicator& c) {
+        uint64_t one = 1, sum = 0;
+        c.allReduce(&one, &sum, 1, loom::DataType::Uint64, loom::ReduceOp::Sum);
+        EXPECT_EQ(sum, static_cast<uint64_t>(kRanks));
+      },
+      manySockets());
+  EXPECT_GT(SoftLimit::soft(), low + kRanks * (kRanks - 1) * kSockets);
+}
+
+TEST(Descriptors, ALimitThatMayNotBeRaisedIsAClearErrorOnEveryRank) {
+  loomtest::TransportSetup tcp("tcp");
+  loomtest::EnvGuard noRaise("LOOM_RAISE_FD_LIMIT", "0");
+  SoftLimit limit(loom::openDescriptors() + 80);  // below one rank's 112 sockets
+  auto results = loomtest::runRanks(
+      kRanks, [](loom::Communicator&) {}, manySockets());
+  for (int r = 0; r < kRanks; ++r) {
+    const std::string& e = results[static_cast<size_t>(r)].error;
+    EXPECT_NE(e.find("cannot link 7 peers"), std::string::npos) << "rank " << r << ": " << e;
+    EXPECT_NE(e.find("ulimit -n"), std::string::npos) << "rank " << r << ": " << e;
+    EXPECT_NE(e.find("LOOM_RAISE_FD_LIMIT=0"), std::string::npos) << "rank " << r << ": " << e;
+  }
+}
+
+}  // namespace
