@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -394,3 +395,40 @@ TEST(Shm, DirectCollectivesNameARankThatLeft) {
         << results[static_cast<size_t>(r)].error;
   }
 }
+
+namespace {
+
+// The rings of one segment stay within LOOM_SHM_RING_BUDGET: with many local peers they shrink
+// (so that a node's shared memory grows linearly with its ranks), with few they keep their size,
+// and an explicit LOOM_SHM_RING_BYTES is taken as given. Data moves correctly through the small
+// rings, copied through them (no cross-memory attach).
+std::string ringsOf(int ranks, const char* ringBytes) {
+  EnvVar budget("LOOM_SHM_RING_BUDGET", std::to_string(4 << 20));
+  EnvVar cma("LOOM_SHM_CMA", "0");
+  std::optional<EnvVar> explicitRing;
+  if (ringBytes != nullptr) explicitRing.emplace("LOOM_SHM_RING_BYTES", ringBytes);
+  std::vector<std::string> desc(static_cast<size_t>(ranks));
+  loomtest::runOk(ranks, [&](loom::Communicator& c) {
+    desc[static_cast<size_t>(c.rank())] = c.describeLink((c.rank() + 1) % c.size());
+    const size_t count = (3u << 20) + 5;  // 12 MiB of int32: many times any ring
+    std::vector<int32_t> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(i % 1000) * (c.rank() + 1);
+    c.allReduce(in.data(), out.data(), count, DataType::Int32, loom::ReduceOp::Sum);
+    const int32_t factor = ranks * (ranks + 1) / 2;
+    for (size_t i = 0; i < count; i += 997) ASSERT_EQ(out[i], static_cast<int32_t>(i % 1000) * factor) << i;
+  });
+  // Every rank's segment has the same rings.
+  auto rings = [](const std::string& d) {
+    return d.substr(d.find("rings of"), d.find(" each way") - d.find("rings of"));
+  };
+  for (const auto& d : desc) EXPECT_EQ(rings(d), rings(desc[0])) << d;
+  return desc[0];
+}
+
+TEST(Shm, RingsShrinkToTheirBudgetWithManyLocalPeers) {
+  EXPECT_NE(ringsOf(9, nullptr).find("rings of 512.00 KiB"), std::string::npos);  // 8 peers in 4 MiB
+  EXPECT_NE(ringsOf(3, nullptr).find("rings of 1.00 MiB"), std::string::npos);    // 2 peers fit at 1 MiB
+  EXPECT_NE(ringsOf(9, "1048576").find("rings of 1.00 MiB"), std::string::npos);  // as asked
+}
+
+}  // namespace

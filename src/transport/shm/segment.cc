@@ -10,6 +10,9 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "core/format.hpp"
 #include "core/futex.hpp"
@@ -32,22 +35,70 @@ SegmentTestHooks& segmentTestHooks() {
   return hooks;
 }
 
+namespace {
+
+// Ranks that are threads of one process map each segment once between them: otherwise N ranks of
+// one process would hold N * N mappings, and vm.max_map_count (65,530 by default) ends a job of
+// 256 ranks as threads at init. Keyed by the segment's name, unique per communicator and rank.
+struct Mapping {
+  void* base;
+  size_t bytes;
+  int holders;
+};
+std::mutex mappingsMu;
+std::map<std::string, Mapping>& mappings() {
+  static auto* m = new std::map<std::string, Mapping>();  // never destroyed: segments may outlive statics
+  return *m;
+}
+
+/// This process's mapping of `name` if it has one of `bytes`, now held once more; else null.
+void* holdShared(const std::string& name, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mappingsMu);
+  auto it = mappings().find(name);
+  if (it == mappings().end() || it->second.bytes != bytes) return nullptr;
+  ++it->second.holders;
+  return it->second.base;
+}
+
+/// Offers a new mapping of `name` to the process's other ranks; false if one is there already.
+bool share(const std::string& name, void* base, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mappingsMu);
+  return mappings().emplace(name, Mapping{base, bytes, 1}).second;
+}
+
+void release(const std::string& name, void* base, size_t bytes, bool shared) {
+  if (base == nullptr) return;
+  if (shared) {
+    std::lock_guard<std::mutex> lock(mappingsMu);
+    auto it = mappings().find(name);
+    if (it != mappings().end() && it->second.base == base) {
+      if (--it->second.holders > 0) return;
+      mappings().erase(it);
+    }
+  }
+  munmap(base, bytes);
+}
+
+}  // namespace
+
 Segment::~Segment() {
   unlink();
-  if (base_ != nullptr) munmap(base_, bytes_);
+  release(name_, base_, bytes_, shared_);
 }
 
 Segment& Segment::operator=(Segment&& o) noexcept {
   if (this != &o) {
     unlink();
-    if (base_ != nullptr) munmap(base_, bytes_);
+    release(name_, base_, bytes_, shared_);
     base_ = o.base_;
     bytes_ = o.bytes_;
     name_ = std::move(o.name_);
     owned_ = o.owned_;
+    shared_ = o.shared_;
     o.base_ = nullptr;
     o.bytes_ = 0;
     o.owned_ = false;
+    o.shared_ = false;
   }
   return *this;
 }
@@ -121,6 +172,7 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
   }
   seg.base_ = p;
   seg.bytes_ = bytes;
+  seg.shared_ = share(name, p, bytes);
 
   // fallocate zeroed the pages: every atomic starts at 0.
   auto* h = seg.header();
@@ -148,6 +200,15 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
 
 Segment Segment::attach(const std::string& name, int self, int owner, size_t expectBytes, const Nonce& commId) {
   const std::string path = "/dev/shm" + name;
+  if (void* mine = holdShared(name, expectBytes)) {
+    Segment seg;
+    seg.base_ = mine;
+    seg.bytes_ = expectBytes;
+    seg.name_ = name;
+    seg.shared_ = true;
+    validate(seg, self, owner, expectBytes, commId);
+    return seg;
+  }
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
     const int e = errno;
@@ -177,6 +238,13 @@ Segment Segment::attach(const std::string& name, int self, int owner, size_t exp
   seg.base_ = p;
   seg.bytes_ = expectBytes;
   seg.name_ = name;
+  seg.shared_ = share(name, p, expectBytes);
+  validate(seg, self, owner, expectBytes, commId);
+  return seg;
+}
+
+void Segment::validate(const Segment& seg, int self, int owner, size_t expectBytes, const Nonce& commId) {
+  const std::string path = "/dev/shm" + seg.name_;
   const auto* h = seg.header();
   std::string why;
   if (h->magic != kSegmentMagic) {
@@ -197,7 +265,6 @@ Segment Segment::attach(const std::string& name, int self, int owner, size_t exp
     LOOM_THROW_PEER(ErrorCode::InvalidUsage, self, owner,
                     strFormat("rank %d's shared-memory segment %s is unusable: %s", owner, path.c_str(), why.c_str()));
   }
-  return seg;
 }
 
 void Segment::unlink() noexcept {

@@ -126,10 +126,14 @@ class Segment {
   size_t directBytes() const { return static_cast<size_t>(header()->directBytes); }
 
  private:
+  /// Throws Error(InvalidUsage) naming what is wrong with an attached segment's header.
+  static void validate(const Segment& seg, int self, int owner, size_t expectBytes, const Nonce& commId);
+
   void* base_ = nullptr;
   size_t bytes_ = 0;
   std::string name_;
-  bool owned_ = false;  // we created it and have not unlinked it yet
+  bool owned_ = false;   // we created it and have not unlinked it yet
+  bool shared_ = false;  // the mapping is this process's one for name_ (released through the registry)
 };
 
 // ---- Waking the owner's progress engine across processes. ----

@@ -39,7 +39,12 @@ std::shared_ptr<std::atomic<uint64_t>> processClockFor(const Nonce& commId) {
 LOOM_PARAM_INT(latencyParam, "LOOM_SHM_LATENCY_US", 2, "cost model: microseconds per message over shared memory");
 LOOM_PARAM_INT(bandwidthParam, "LOOM_SHM_MBPS", 5000, "cost model: MB/s per shared-memory link");
 LOOM_PARAM_INT(ringBytesParam, "LOOM_SHM_RING_BYTES", 1 << 20,
-               "bytes of each shared-memory ring (one per local peer and direction)");
+               "bytes of each shared-memory ring (one per local peer and direction); by default smaller where "
+               "LOOM_SHM_RING_BUDGET would be exceeded");
+LOOM_PARAM_INT(ringBudgetParam, "LOOM_SHM_RING_BUDGET", 8 << 20,
+               "most bytes of rings in one rank's shared-memory segment (one ring per local peer): with more local "
+               "peers than fit at LOOM_SHM_RING_BYTES each, unless that is set, the rings shrink (not below "
+               "16 KiB), so that a node's shared memory grows linearly with its ranks, not quadratically");
 LOOM_PARAM_INT(eagerBytesParam, "LOOM_SHM_EAGER_BYTES", 64 * 1024,
                "largest shared-memory message copied through the ring; larger ones are read directly from the "
                "sender (process_vm_readv) where the kernel allows it");
@@ -122,7 +127,14 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
     LOOM_THROW(ErrorCode::InvalidArgument, rank,
                strFormat("LOOM_SHM_RING_BYTES=%lld is out of range (4096 to 2^40)", static_cast<long long>(ringParam)));
   }
-  const size_t ringBytes = (static_cast<size_t>(ringParam) + 4095) / 4096 * 4096;
+  size_t ringBytes = (static_cast<size_t>(ringParam) + 4095) / 4096 * 4096;
+  // Every segment is backed in full (fallocate, so that a full /dev/shm is an error at init, not
+  // a SIGBUS later): without a budget a node of L ranks would hold L * (L - 1) rings.
+  if (!ringBytesParamIsSet() && slots > 0) {
+    const size_t budget = static_cast<size_t>(std::max<int64_t>(0, ringBudgetParam()));
+    const size_t fair = budget / static_cast<size_t>(slots) / 4096 * 4096;
+    ringBytes = std::min(ringBytes, std::max<size_t>(fair, 16 << 10));
+  }
 
   // 1. Our segment, our progress thread, our announcement.
   const std::string name = Segment::nameFor(ctx.commId, rank);
