@@ -29,17 +29,48 @@ std::optional<Bytes> Store::get(const std::string& key, const Deadline& deadline
   }
 }
 
+std::vector<std::optional<Bytes>> Store::tryGetMany(const std::vector<std::string>& keys) {
+  std::vector<std::optional<Bytes>> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) out.push_back(tryGet(k));
+  return out;
+}
+
+void Store::setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) {
+  for (const auto& [k, v] : pairs) set(k, v);
+}
+
 bool Store::waitAll(const std::vector<std::string>& keys, const Deadline& deadline, std::vector<std::string>* missing) {
-  size_t next = 0;
+  std::vector<Bytes> values;
+  return getAll(keys, deadline, &values, missing);
+}
+
+bool Store::getAll(const std::vector<std::string>& keys, const Deadline& deadline, std::vector<Bytes>* values,
+                   std::vector<std::string>* missing) {
+  values->assign(keys.size(), Bytes());
+  std::vector<size_t> left(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) left[i] = i;
   for (Backoff b;; b.pause()) {
-    while (next < keys.size() && tryGet(keys[next])) ++next;
-    if (next == keys.size()) return true;
+    std::vector<std::string> ask;
+    ask.reserve(left.size());
+    for (size_t i : left) ask.push_back(keys[i]);
+    auto got = tryGetMany(ask);
+    std::vector<size_t> still;
+    for (size_t j = 0; j < left.size(); ++j) {
+      if (got[j]) {
+        (*values)[left[j]] = std::move(*got[j]);
+      } else {
+        still.push_back(left[j]);
+      }
+    }
+    if (still.size() < left.size()) b = Backoff();  // progress: look again soon
+    left.swap(still);
+    if (left.empty()) return true;
     if (deadline.expired()) break;
   }
   if (missing != nullptr) {
     missing->clear();
-    for (size_t i = next; i < keys.size(); ++i)
-      if (!tryGet(keys[i])) missing->push_back(keys[i]);
+    for (size_t i : left) missing->push_back(keys[i]);
   }
   return false;
 }

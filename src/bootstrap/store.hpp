@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/deadline.hpp"
@@ -24,11 +25,20 @@ class Store {
   virtual std::optional<Bytes> tryGet(const std::string& key) = 0;
   /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  /// The values of `keys` (nullopt where not set yet), in as few requests as the store allows
+  /// (one per few thousand keys over TCP). Never waits.
+  virtual std::vector<std::optional<Bytes>> tryGetMany(const std::vector<std::string>& keys);
+  /// Sets every pair, in as few requests as the store allows.
+  virtual void setMany(const std::vector<std::pair<std::string, Bytes>>& pairs);
 
   /// Waits until `key` is set or the deadline passes (then nullopt).
   std::optional<Bytes> get(const std::string& key, const Deadline& deadline);
   /// Waits until every key is set; on the deadline returns false and lists the missing ones.
   bool waitAll(const std::vector<std::string>& keys, const Deadline& deadline, std::vector<std::string>* missing);
+  /// The same, keeping the values (in the order of `keys`) in *values. Each round asks for all the
+  /// keys still missing at once (tryGetMany).
+  bool getAll(const std::vector<std::string>& keys, const Deadline& deadline, std::vector<Bytes>* values,
+              std::vector<std::string>* missing);
 
   void setString(const std::string& key, const std::string& value) { set(key, Bytes(value.begin(), value.end())); }
 
@@ -49,6 +59,18 @@ class PrefixStore : public Store {
   void set(const std::string& key, const Bytes& value) override { base_->set(prefix_ + key, value); }
   std::optional<Bytes> tryGet(const std::string& key) override { return base_->tryGet(prefix_ + key); }
   int64_t add(const std::string& key, int64_t delta) override { return base_->add(prefix_ + key, delta); }
+  std::vector<std::optional<Bytes>> tryGetMany(const std::vector<std::string>& keys) override {
+    std::vector<std::string> mine;
+    mine.reserve(keys.size());
+    for (const auto& k : keys) mine.push_back(prefix_ + k);
+    return base_->tryGetMany(mine);
+  }
+  void setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) override {
+    std::vector<std::pair<std::string, Bytes>> mine;
+    mine.reserve(pairs.size());
+    for (const auto& [k, v] : pairs) mine.emplace_back(prefix_ + k, v);
+    base_->setMany(mine);
+  }
   bool setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit) override {
     return base_->setBounded(prefix_ + key, value, limit);
   }

@@ -40,6 +40,140 @@ Bytes encodeReply(Reply status, const Bytes& payload) {
   return out;
 }
 
+Bytes encodeKeys(const std::vector<std::string>& keys) {
+  size_t n = 4;
+  for (const auto& k : keys) n += 4 + k.size();
+  Bytes out(n);
+  putU32(out.data(), static_cast<uint32_t>(keys.size()));
+  size_t at = 4;
+  for (const auto& k : keys) {
+    putU32(out.data() + at, static_cast<uint32_t>(k.size()));
+    std::memcpy(out.data() + at + 4, k.data(), k.size());
+    at += 4 + k.size();
+  }
+  return out;
+}
+
+bool decodeKeys(const Bytes& value, std::vector<std::string>* keys, std::string* why) {
+  if (value.size() < 4) {
+    *why = "a key list without its count";
+    return false;
+  }
+  const uint32_t count = getU32(value.data());
+  if (count > kMaxKeysPerRequest) {
+    *why = "a key list of " + std::to_string(count) + " keys";
+    return false;
+  }
+  keys->clear();
+  size_t at = 4;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (value.size() - at < 4) {
+      *why = "a key list cut short";
+      return false;
+    }
+    const uint32_t len = getU32(value.data() + at);
+    if (len == 0 || len > kMaxKey || value.size() - at - 4 < len) {
+      *why = "a listed key of length " + std::to_string(len);
+      return false;
+    }
+    keys->emplace_back(reinterpret_cast<const char*>(value.data() + at + 4), len);
+    at += 4 + len;
+  }
+  if (at != value.size()) {
+    *why = "bytes after a key list";
+    return false;
+  }
+  return true;
+}
+
+Bytes encodeValues(const std::vector<std::optional<Bytes>>& values) {
+  Bytes out;
+  for (const auto& v : values) {
+    const size_t len = v ? v->size() : 0;
+    // What does not fit in one reply is left out; the client asks again for it.
+    const bool fits = v && out.size() + 5 + len <= kMaxFrame;
+    const size_t at = out.size();
+    out.resize(at + 5 + (fits ? len : 0));
+    out[at] = fits ? 1 : 0;
+    putU32(out.data() + at + 1, static_cast<uint32_t>(fits ? len : 0));
+    if (fits && len > 0) std::memcpy(out.data() + at + 5, v->data(), len);
+  }
+  return out;
+}
+
+Bytes encodePairs(const std::vector<std::pair<std::string, Bytes>>& pairs) {
+  size_t n = 4;
+  for (const auto& [k, v] : pairs) n += 8 + k.size() + v.size();
+  Bytes out(n);
+  putU32(out.data(), static_cast<uint32_t>(pairs.size()));
+  size_t at = 4;
+  for (const auto& [k, v] : pairs) {
+    putU32(out.data() + at, static_cast<uint32_t>(k.size()));
+    std::memcpy(out.data() + at + 4, k.data(), k.size());
+    at += 4 + k.size();
+    putU32(out.data() + at, static_cast<uint32_t>(v.size()));
+    if (!v.empty()) std::memcpy(out.data() + at + 4, v.data(), v.size());
+    at += 4 + v.size();
+  }
+  return out;
+}
+
+bool decodePairs(const Bytes& value, std::vector<std::pair<std::string, Bytes>>* pairs, std::string* why) {
+  if (value.size() < 4) {
+    *why = "a list of pairs without its count";
+    return false;
+  }
+  const uint32_t count = getU32(value.data());
+  if (count > kMaxKeysPerRequest) {
+    *why = "a list of " + std::to_string(count) + " pairs";
+    return false;
+  }
+  pairs->clear();
+  size_t at = 4;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (value.size() - at < 4) {
+      *why = "a list of pairs cut short";
+      return false;
+    }
+    const uint32_t klen = getU32(value.data() + at);
+    if (klen == 0 || klen > kMaxKey || value.size() - at - 4 < static_cast<size_t>(klen) + 4) {
+      *why = "a listed key of length " + std::to_string(klen);
+      return false;
+    }
+    std::string key(reinterpret_cast<const char*>(value.data() + at + 4), klen);
+    at += 4 + klen;
+    const uint32_t vlen = getU32(value.data() + at);
+    if (value.size() - at - 4 < vlen) {
+      *why = "a listed value of length " + std::to_string(vlen);
+      return false;
+    }
+    pairs->emplace_back(std::move(key), Bytes(value.begin() + static_cast<std::ptrdiff_t>(at + 4),
+                                              value.begin() + static_cast<std::ptrdiff_t>(at + 4 + vlen)));
+    at += 4 + vlen;
+  }
+  if (at != value.size()) {
+    *why = "bytes after a list of pairs";
+    return false;
+  }
+  return true;
+}
+
+bool decodeValues(const Bytes& payload, size_t count, std::vector<std::optional<Bytes>>* values) {
+  values->assign(count, std::nullopt);
+  size_t at = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (payload.size() - at < 5) return false;
+    const bool found = payload[at] != 0;
+    const uint32_t len = getU32(payload.data() + at + 1);
+    if (payload.size() - at - 5 < len) return false;
+    if (found)
+      (*values)[i] = Bytes(payload.begin() + static_cast<std::ptrdiff_t>(at + 5),
+                           payload.begin() + static_cast<std::ptrdiff_t>(at + 5 + len));
+    at += 5 + len;
+  }
+  return at == payload.size();
+}
+
 Parse decodeRequest(const uint8_t* buf, size_t len, Request* out, size_t* consumed, std::string* why) {
   if (len < 4) return Parse::Incomplete;
   uint32_t frame = getU32(buf);
@@ -49,7 +183,7 @@ Parse decodeRequest(const uint8_t* buf, size_t len, Request* out, size_t* consum
   }
   if (len < 4 + static_cast<size_t>(frame)) return Parse::Incomplete;
   uint8_t op = buf[4];
-  if (op < static_cast<uint8_t>(Op::Set) || op > static_cast<uint8_t>(Op::Add)) {
+  if (op < static_cast<uint8_t>(Op::Set) || op > static_cast<uint8_t>(Op::SetMany)) {
     *why = "unknown operation " + std::to_string(op);
     return Parse::Malformed;
   }

@@ -7,11 +7,18 @@
 //   server -> client: HMAC(K, "store-server" nonceC nonceS)[32]
 // Request:  u32 length (of what follows, little-endian) u8 op u32 keyLength key value
 // Response: u32 length u8 status payload
+// GetMany (many keys in one round trip, so that a rank's bootstrap costs the store O(1) requests,
+// not one per peer): key "many", value u32 count (u32 length key)*count; reply Ok, payload
+// (u8 found u32 length value)*count, values left out (found 0) once the reply would pass kMaxFrame.
+// SetMany: key "many", value u32 count (u32 length key u32 length value)*count; reply Ok.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bootstrap/store.hpp"
 
@@ -27,7 +34,8 @@ constexpr size_t kServerProof = 32;
 constexpr uint32_t kMaxFrame = 64u << 20;  // a value larger than 64 MiB is refused
 constexpr uint32_t kMaxKey = 4096;
 
-enum class Op : uint8_t { Set = 1, TryGet = 2, Add = 3 };
+enum class Op : uint8_t { Set = 1, TryGet = 2, Add = 3, GetMany = 4, SetMany = 5 };
+constexpr uint32_t kMaxKeysPerRequest = 4096;
 enum class Reply : uint8_t { Ok = 0, NotFound = 1, Error = 2 };
 
 struct Request {
@@ -44,6 +52,15 @@ Bytes encodeRequest(Op op, const std::string& key, const Bytes& value);
 Bytes encodeReply(Reply status, const Bytes& payload);
 /// Tries to decode one request from buf[0..len); on Done sets *consumed. On Malformed, *why says why.
 Parse decodeRequest(const uint8_t* buf, size_t len, Request* out, size_t* consumed, std::string* why);
+
+/// GetMany's list of keys, and its reply's values (nullopt: not set, or left out).
+Bytes encodeKeys(const std::vector<std::string>& keys);
+bool decodeKeys(const Bytes& value, std::vector<std::string>* keys, std::string* why);
+Bytes encodeValues(const std::vector<std::optional<Bytes>>& values);
+/// SetMany's pairs.
+Bytes encodePairs(const std::vector<std::pair<std::string, Bytes>>& pairs);
+bool decodePairs(const Bytes& value, std::vector<std::pair<std::string, Bytes>>* pairs, std::string* why);
+bool decodeValues(const Bytes& payload, size_t count, std::vector<std::optional<Bytes>>* values);
 
 void putU32(uint8_t* p, uint32_t v);
 uint32_t getU32(const uint8_t* p);

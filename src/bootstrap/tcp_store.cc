@@ -150,6 +150,41 @@ std::optional<Bytes> TcpStoreClient::tryGetBounded(const std::string& key, std::
   }
 }
 
+std::vector<std::optional<Bytes>> TcpStoreClient::tryGetMany(const std::vector<std::string>& keys) {
+  std::vector<std::optional<Bytes>> out;
+  out.reserve(keys.size());
+  for (size_t at = 0; at < keys.size(); at += storewire::kMaxKeysPerRequest) {
+    const size_t n = std::min<size_t>(storewire::kMaxKeysPerRequest, keys.size() - at);
+    const std::vector<std::string> part(keys.begin() + static_cast<std::ptrdiff_t>(at),
+                                        keys.begin() + static_cast<std::ptrdiff_t>(at + n));
+    uint8_t status = 0;
+    Bytes r = roundTrip(storewire::encodeRequest(storewire::Op::GetMany, "many", storewire::encodeKeys(part)), &status);
+    std::vector<std::optional<Bytes>> values;
+    if (status != static_cast<uint8_t>(storewire::Reply::Ok) || !storewire::decodeValues(r, n, &values))
+      LOOM_THROW(ErrorCode::Remote, rank_, "rendezvous store: malformed reply to a many-key read");
+    for (auto& v : values) out.push_back(std::move(v));
+  }
+  return out;
+}
+
+void TcpStoreClient::setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) {
+  // In parts of at most kMaxKeysPerRequest pairs and, roughly, a quarter of the frame limit.
+  size_t at = 0;
+  while (at < pairs.size()) {
+    size_t end = at, bytes = 0;
+    while (end < pairs.size() && end - at < storewire::kMaxKeysPerRequest &&
+           (end == at || bytes + pairs[end].first.size() + pairs[end].second.size() + 8 < storewire::kMaxFrame / 4)) {
+      bytes += pairs[end].first.size() + pairs[end].second.size() + 8;
+      ++end;
+    }
+    const std::vector<std::pair<std::string, Bytes>> part(pairs.begin() + static_cast<std::ptrdiff_t>(at),
+                                                          pairs.begin() + static_cast<std::ptrdiff_t>(end));
+    uint8_t status = 0;
+    roundTrip(storewire::encodeRequest(storewire::Op::SetMany, "many", storewire::encodePairs(part)), &status);
+    at = end;
+  }
+}
+
 int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   Bytes v(8);
   storewire::putI64(v.data(), delta);

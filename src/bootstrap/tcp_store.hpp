@@ -26,6 +26,8 @@ class TcpStoreClient : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   bool setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit) override;
   std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit) override;
+  std::vector<std::optional<Bytes>> tryGetMany(const std::vector<std::string>& keys) override;
+  void setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) override;
 
   /// "host:port" of the server.
   const std::string& endpoint() const { return endpoint_; }

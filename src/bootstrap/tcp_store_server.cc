@@ -215,6 +215,32 @@ bool TcpStoreServer::handleRequests(Client& c) {
                                   : storewire::encodeReply(storewire::Reply::Ok, it->second);
         break;
       }
+      case storewire::Op::GetMany: {
+        std::vector<std::string> keys;
+        if (!storewire::decodeKeys(req.value, &keys, &why)) {
+          ++rejected_;
+          LOOM_WARN("rendezvous store: dropped client %s: malformed request (%s)", c.peer.c_str(), why.c_str());
+          return false;
+        }
+        std::vector<std::optional<Bytes>> values(keys.size());
+        for (size_t i = 0; i < keys.size(); ++i) {
+          auto it = data_.find(keys[i]);
+          if (it != data_.end()) values[i] = it->second;
+        }
+        reply = storewire::encodeReply(storewire::Reply::Ok, storewire::encodeValues(values));
+        break;
+      }
+      case storewire::Op::SetMany: {
+        std::vector<std::pair<std::string, Bytes>> pairs;
+        if (!storewire::decodePairs(req.value, &pairs, &why)) {
+          ++rejected_;
+          LOOM_WARN("rendezvous store: dropped client %s: malformed request (%s)", c.peer.c_str(), why.c_str());
+          return false;
+        }
+        for (auto& [k, v] : pairs) data_[k] = std::move(v);
+        reply = storewire::encodeReply(storewire::Reply::Ok, {});
+        break;
+      }
       case storewire::Op::Add: {
         int64_t cur = 0;
         auto it = data_.find(req.key);

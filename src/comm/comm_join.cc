@@ -112,20 +112,25 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
 }
 
 void CommImpl::mapNodes(Store& store, const Deadline& deadline) {
+  // Set before join/<r>, which every rank has seen by now: no wait in practice. One request for
+  // all of them (the store's load stays one request per rank).
+  std::vector<std::string> names;
+  for (int r = 0; r < size_; ++r) names.push_back("host/" + std::to_string(r));
+  for (int r = 0; r < size_; ++r) names.push_back("machine/" + std::to_string(r));
+  std::vector<Bytes> values;
+  std::vector<std::string> absent;
+  if (!store.getAll(names, deadline, &values, &absent))
+    LOOM_THROW(ErrorCode::Timeout, rank_, strFormat("%s did not arrive in time", absent.front().c_str()));
   std::vector<std::string> keys(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    // Set before join/<r>, which every rank has seen by now: no wait in practice.
-    auto v = store.get("host/" + std::to_string(r), deadline);
-    if (!v) LOOM_THROW(ErrorCode::Timeout, rank_, strFormat("rank %d's host identity did not arrive in time", r));
-    keys[static_cast<size_t>(r)].assign(v->begin(), v->end());
-  }
+  for (int r = 0; r < size_; ++r)
+    keys[static_cast<size_t>(r)].assign(values[static_cast<size_t>(r)].begin(), values[static_cast<size_t>(r)].end());
   // Ranks that share this machine's CPUs (same boot id), whatever node they count as: they decide
   // whether waiters may spin or must yield their core (request.hpp).
   const std::string myMachine = localHostIdentity().bootId;
   ranksOnThisMachine_ = 0;
   for (int r = 0; r < size_; ++r) {
-    auto v = store.get("machine/" + std::to_string(r), deadline);
-    if (v && std::string(v->begin(), v->end()) == myMachine) ++ranksOnThisMachine_;
+    const Bytes& v = values[static_cast<size_t>(size_ + r)];
+    if (std::string(v.begin(), v.end()) == myMachine) ++ranksOnThisMachine_;
   }
   nodes_.nodeOf.assign(static_cast<size_t>(size_), -1);
   nodes_.ranks.clear();

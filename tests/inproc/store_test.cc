@@ -4,7 +4,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "bootstrap/rendezvous.hpp"
 #include "bootstrap/store_protocol.hpp"
@@ -55,6 +59,53 @@ TEST(Store, SetGetAddAcrossClients) {
   Bytes big(3u << 20, 0x5a);  // values of several MiB pass
   a.set("big", big);
   EXPECT_EQ(*b.tryGet("big"), big);
+}
+
+// Many keys in one request each way: what a rank's bootstrap uses so that the store serves it in
+// O(1) requests, not one per peer. More keys than one request carries, values large enough to be
+// left out of one reply and asked for again, a prefix store over it, and a wait for keys that
+// arrive meanwhile.
+TEST(Store, ManyKeysInOneRequest) {
+  JobKey key = deriveJobKey("store-test");
+  TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);
+  auto a = std::make_shared<TcpStoreClient>("127.0.0.1", server.port(), key, 0, Deadline(5s), 5s);
+  TcpStoreClient b("127.0.0.1", server.port(), key, 1, Deadline(5s), 5s);
+  const size_t n = storewire::kMaxKeysPerRequest + 7;
+  std::vector<std::pair<std::string, Bytes>> pairs;
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < n; ++i) {
+    keys.push_back("k/" + std::to_string(i));
+    if (i % 3 != 0) pairs.emplace_back(keys.back(), text(("v" + std::to_string(i)).c_str()));
+  }
+  a->setMany(pairs);
+  auto got = b.tryGetMany(keys);
+  ASSERT_EQ(got.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 3 == 0) {
+      EXPECT_FALSE(got[i].has_value()) << i;
+    } else {
+      ASSERT_TRUE(got[i].has_value()) << i;
+      EXPECT_EQ(std::string(got[i]->begin(), got[i]->end()), "v" + std::to_string(i));
+    }
+  }
+  // Values that together pass one reply's limit come back over several rounds of getAll.
+  const Bytes big(storewire::kMaxFrame / 3, 0x7e);
+  a->setMany({{"big/0", big}, {"big/1", big}, {"big/2", big}, {"big/3", big}});
+  std::vector<Bytes> values;
+  std::vector<std::string> missing;
+  ASSERT_TRUE(b.getAll({"big/0", "big/1", "big/2", "big/3"}, Deadline(10s), &values, &missing));
+  for (const auto& v : values) EXPECT_EQ(v, big);
+  // Through a prefix store, and keys set while getAll waits.
+  PrefixStore pre("job", a);
+  std::thread late([&] {
+    std::this_thread::sleep_for(50ms);
+    pre.setMany({{"x", text("1")}, {"y", text("2")}});
+  });
+  ASSERT_TRUE(b.getAll({"job/x", "job/y"}, Deadline(5s), &values, &missing));
+  late.join();
+  EXPECT_EQ(values, (std::vector<Bytes>{text("1"), text("2")}));
+  EXPECT_FALSE(b.getAll({"job/x", "job/z"}, Deadline(50ms), &values, &missing));
+  EXPECT_EQ(missing, (std::vector<std::string>{"job/z"}));
 }
 
 // The bounded requests of a failure path (a rank's last word): they work like set and get while

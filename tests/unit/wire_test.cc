@@ -2,7 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "bootstrap/rendezvous.hpp"
 #include "bootstrap/store_protocol.hpp"
@@ -37,6 +41,35 @@ TEST(StoreWire, HostileFramesAreMalformed) {
   EXPECT_EQ(storewire::decodeRequest(badKey.data(), badKey.size(), &r, &used, &why), storewire::Parse::Malformed);
   Bytes badAdd = storewire::encodeRequest(storewire::Op::Add, "k", Bytes{1});
   EXPECT_EQ(storewire::decodeRequest(badAdd.data(), badAdd.size(), &r, &used, &why), storewire::Parse::Malformed);
+}
+
+TEST(StoreWire, KeyListsAndPairsRoundTripAndRejectHostileCounts) {
+  std::vector<std::string> keys{"a", "bb", std::string(storewire::kMaxKey, 'k')}, back;
+  std::string why;
+  ASSERT_TRUE(storewire::decodeKeys(storewire::encodeKeys(keys), &back, &why)) << why;
+  EXPECT_EQ(back, keys);
+  std::vector<std::pair<std::string, Bytes>> pairs{{"x", Bytes{1}}, {"y", Bytes{}}}, pairsBack;
+  ASSERT_TRUE(storewire::decodePairs(storewire::encodePairs(pairs), &pairsBack, &why)) << why;
+  EXPECT_EQ(pairsBack, pairs);
+  std::vector<std::optional<Bytes>> values{Bytes{1, 2}, std::nullopt, Bytes{}}, valuesBack;
+  ASSERT_TRUE(storewire::decodeValues(storewire::encodeValues(values), 3, &valuesBack));
+  EXPECT_EQ(valuesBack, values);
+  EXPECT_FALSE(storewire::decodeValues(storewire::encodeValues(values), 4, &valuesBack));  // fewer than asked
+  // Hostile: a huge count, a length past the end, an empty key, bytes after the list.
+  Bytes huge(4);
+  storewire::putU32(huge.data(), 0xffffffffu);
+  EXPECT_FALSE(storewire::decodeKeys(huge, &back, &why));
+  EXPECT_FALSE(storewire::decodePairs(huge, &pairsBack, &why));
+  Bytes cut = storewire::encodeKeys({"abc"});
+  cut.pop_back();
+  EXPECT_FALSE(storewire::decodeKeys(cut, &back, &why));
+  EXPECT_FALSE(storewire::decodeKeys(storewire::encodeKeys({""}), &back, &why));
+  Bytes extra = storewire::encodeKeys({"abc"});
+  extra.push_back(0);
+  EXPECT_FALSE(storewire::decodeKeys(extra, &back, &why));
+  Bytes pairCut = storewire::encodePairs({{"k", Bytes(10, 1)}});
+  pairCut.resize(pairCut.size() - 3);
+  EXPECT_FALSE(storewire::decodePairs(pairCut, &pairsBack, &why));
 }
 
 TEST(StoreWire, RandomBytesNeverCrash) {

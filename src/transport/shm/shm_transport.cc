@@ -87,12 +87,39 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::connect(TransportContext&
   }
 }
 
-std::optional<std::string> ShmTransport::awaitFromPeer(TransportContext& ctx, const std::string& key, int peer) {
-  const std::string endpoint = "shm/" + std::to_string(peer);
+std::vector<std::optional<std::string>> ShmTransport::awaitFromPeers(TransportContext& ctx,
+                                                                     const std::vector<std::string>& keys,
+                                                                     const std::vector<int>& peers) {
+  std::vector<std::optional<std::string>> out(keys.size());
+  std::vector<size_t> left(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) left[i] = i;
   for (;;) {
-    if (auto v = ctx.store->tryGet(key)) return std::string(v->begin(), v->end());
-    if (key != endpoint) peerGaveUp(ctx, peer);
-    if (ctx.deadline.expired()) return std::nullopt;
+    // A key other than the peer's endpoint is asked for with the endpoint, which says whether the
+    // peer gave up.
+    std::vector<std::string> ask;
+    for (size_t i : left) {
+      const std::string endpoint = "shm/" + std::to_string(peers[i]);
+      ask.push_back(keys[i]);
+      if (keys[i] != endpoint) ask.push_back(endpoint);
+    }
+    auto got = ctx.store->tryGetMany(ask);
+    std::vector<size_t> still;
+    size_t j = 0;
+    for (size_t i : left) {
+      const bool withEndpoint = keys[i] != "shm/" + std::to_string(peers[i]);
+      const auto& v = got[j++];
+      const auto* endpoint = withEndpoint ? &got[j++] : nullptr;
+      if (v) {
+        out[i] = std::string(v->begin(), v->end());
+        continue;
+      }
+      if (endpoint != nullptr && *endpoint &&
+          std::string(endpoint->value().begin(), endpoint->value().end()).rfind(kGaveUp, 0) == 0)
+        peerGaveUp(ctx, peers[i]);
+      still.push_back(i);
+    }
+    left.swap(still);
+    if (left.empty() || ctx.deadline.expired()) return out;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
@@ -159,8 +186,16 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
 
   // 2. Attach the peers' segments and tell each owner how it went.
   std::map<int, std::pair<int, uint64_t>> pidCookie;  // peer -> (pid, cookie address)
+  std::vector<std::string> endpointKeys, ackKeys;
   for (int p : peers) {
-    auto v = awaitFromPeer(ctx, "shm/" + std::to_string(p), p);
+    endpointKeys.push_back("shm/" + std::to_string(p));
+    ackKeys.push_back("shm-att/" + std::to_string(rank) + "/" + std::to_string(p));
+  }
+  const auto endpoints = awaitFromPeers(ctx, endpointKeys, peers);
+  std::vector<std::pair<std::string, Bytes>> attached;
+  for (size_t k = 0; k < peers.size(); ++k) {
+    const int p = peers[k];
+    const auto& v = endpoints[k];
     if (!v) {
       LOOM_THROW_PEER(
           ErrorCode::Timeout, rank, p,
@@ -180,17 +215,21 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
     try {
       theirs_[p] = Segment::attach(peerName, rank, p, bytes, ctx.commId);
     } catch (const Error& e) {
+      store.setMany(attached);
       peerGaveUp(ctx, p);  // its segment went because it failed: say why it did
       store.setString(ack, e.what());
       throw;
     }
-    store.setString(ack, "ok");
+    attached.emplace_back(ack, Bytes{'o', 'k'});
     pidCookie[p] = {pid, cookieAddr};
   }
+  store.setMany(attached);  // every answer in one request
 
   // 3. Once every peer has attached ours, unlink it.
-  for (int p : peers) {
-    auto v = awaitFromPeer(ctx, "shm-att/" + std::to_string(rank) + "/" + std::to_string(p), p);
+  const auto acks = awaitFromPeers(ctx, ackKeys, peers);
+  for (size_t k = 0; k < peers.size(); ++k) {
+    const int p = peers[k];
+    const auto& v = acks[k];
     if (!v) {
       LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
                       strFormat("rank %d did not attach shared-memory segment /dev/shm%s within %.0f s", p,

@@ -58,7 +58,11 @@ class ShmTransport : public Transport, public ArenaProvider {
  private:
   std::vector<std::unique_ptr<Connection>> setUp(TransportContext& ctx, const std::vector<int>& peers);
   /// Waits for `key` (set by `peer`), failing at once if the peer gave up meanwhile.
-  std::optional<std::string> awaitFromPeer(TransportContext& ctx, const std::string& key, int peer);
+  /// The values of keys[i], each written by peers[i], read together (one store request per round
+  /// for every key still missing); throws naming a peer that gave up meanwhile (its endpoint says
+  /// so); nullopt for those still missing at ctx.deadline.
+  std::vector<std::optional<std::string>> awaitFromPeers(TransportContext& ctx, const std::vector<std::string>& keys,
+                                                         const std::vector<int>& peers);
   /// Throws the peer's own setup error if it gave up (it replaced its endpoint with it).
   void peerGaveUp(TransportContext& ctx, int peer);
 

@@ -6,6 +6,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -178,12 +179,18 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   engine_ = ctx.engine;
   // 1. The peers' endpoints, as they published them.
   std::map<int, Endpoints> remote;
-  for (int peer : peers) {
-    auto ep = ctx.store->get("tcp/" + std::to_string(peer), ctx.deadline);
-    if (!ep || !decodeEndpoints(*ep, &remote[peer])) {
-      LOOM_THROW_PEER(
-          ErrorCode::Timeout, ctx.rank, peer,
-          strFormat("rank %d did not publish its TCP address within %.0f s", peer, ctx.deadline.totalSeconds()));
+  std::vector<std::string> keys;
+  for (int peer : peers) keys.push_back("tcp/" + std::to_string(peer));
+  std::vector<Bytes> values;
+  std::vector<std::string> absent;
+  const bool all = ctx.store->getAll(keys, ctx.deadline, &values, &absent);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const int peer = peers[i];
+    const bool missing = std::find(absent.begin(), absent.end(), keys[i]) != absent.end();
+    if ((!all && missing) || !decodeEndpoints(values[i], &remote[peer])) {
+      LOOM_THROW_PEER(ErrorCode::Timeout, ctx.rank, peer,
+                      strFormat("rank %d did not publish its TCP address within %.0f s%s", peer,
+                                ctx.deadline.totalSeconds(), missing ? "" : " (what it published does not parse)"));
     }
   }
   // 2. Every socket of every link, connected or accepted, and proved (handshake.hpp).
