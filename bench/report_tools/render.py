@@ -399,7 +399,9 @@ def render_scale(res_doc):
                "Gloo full mesh: init / first", "links / fds per rank"]
     out = [table(headers, rows)]
     out.append(f"\nMedians of {d['repeats']} runs on {d['cores']} cores; times are the slowest rank's; "
-               "descriptors per rank are those the communicator opened (threads: the process's, divided by N).\n")
+               "descriptors per rank are those opened by init and a first all-reduce (threads: the process's, divided by "
+               "N; processes: the most any rank opened, the rank that serves the store holding a socket per rank). "
+               "Gloo's init is its full-mesh connect; its first all-reduce is a ring.\n")
     for i, text in enumerate(notes, 1):
         out.append(f"\n({i}) `{text}`\n")
     return "".join(out)
