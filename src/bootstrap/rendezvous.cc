@@ -7,6 +7,7 @@
 
 #include "bootstrap/tcp_store.hpp"
 #include "bootstrap/tcp_store_server.hpp"
+#include "core/descriptors.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "core/param.hpp"
@@ -130,6 +131,16 @@ StoreAccess connectFromLaunch(const LaunchInfo& launch, const Deadline& deadline
         server = std::make_shared<TcpStoreServer>(SockAddr::any(AF_INET, launch.masterPort), a.key);
       }
       slot = server;
+      // The store holds a socket per rank for the job's life: room for them beside the links.
+      if (launch.size > 0) {
+        const std::string why = makeRoomForDescriptors(static_cast<size_t>(launch.size));
+        if (why.empty()) {
+          releaseDescriptors(static_cast<size_t>(launch.size));  // the raised limit stays; nothing to promise
+        } else {
+          LOOM_WARN("the rendezvous store may not serve all %d ranks: %s; raise the limit (ulimit -n)", launch.size,
+                    why.c_str());
+        }
+      }
     }
     a.keepAlive = slot;
   }

@@ -8,8 +8,11 @@
 
 #include <cstdint>
 
+#include "bootstrap/launcher_env.hpp"
+#include "bootstrap/rendezvous.hpp"
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
+#include "net/socket.hpp"
 
 namespace {
 
@@ -76,6 +79,30 @@ TEST(Descriptors, ALimitThatMayNotBeRaisedIsAClearErrorOnEveryRank) {
     EXPECT_NE(e.find("ulimit -n"), std::string::npos) << "rank " << r << ": " << e;
     EXPECT_NE(e.find("LOOM_RAISE_FD_LIMIT=0"), std::string::npos) << "rank " << r << ": " << e;
   }
+}
+
+// Rank 0 of a launched job serves the rendezvous store, which holds a socket per rank for the
+// job's life: it makes room for them when it starts the store.
+TEST(Descriptors, TheStoresHostMakesRoomForEveryRank) {
+  const rlim_t low = loom::openDescriptors() + 80;
+  if (SoftLimit::hard() != RLIM_INFINITY && SoftLimit::hard() < low + 2000)
+    GTEST_SKIP() << "the hard descriptor limit (" << SoftLimit::hard() << ") leaves no room to raise";
+  // A free port: bind one, close it, let the store take it.
+  int err = 0;
+  loom::Socket probe = loom::listenOn(loom::SockAddr::resolve("127.0.0.1", 0).front(), 4, &err);
+  ASSERT_TRUE(probe.valid()) << err;
+  const int port = loom::localAddress(probe.fd()).port();
+  probe.reset();
+  SoftLimit limit(low);
+  loom::LaunchInfo launch;
+  launch.launcher = "explicit";
+  launch.rank = 0;
+  launch.size = 1000;
+  launch.masterAddr = "127.0.0.1";
+  launch.masterPort = port;
+  launch.jobKeySeed = "descriptors-test";
+  auto access = loom::connectFromLaunch(launch, loom::Deadline(std::chrono::seconds(10)), std::chrono::seconds(10));
+  EXPECT_GE(SoftLimit::soft(), low + 1000);
 }
 
 }  // namespace
