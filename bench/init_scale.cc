@@ -9,7 +9,6 @@
 // The line: "loom <threads|processes> N init_ms first_ms split_ms links_per_rank fds_per_rank ok"
 // (times: the slowest rank's, from a common start), or "... failed <why>" when a stage fails.
 // Split: color rank / (N / G), key rank (G groups of N / G; fewer when G does not divide N).
-#include <dirent.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -26,20 +25,14 @@
 #include <thread>
 #include <vector>
 
+#include "core/descriptors.hpp"
 #include "loom/loom.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int openDescriptors() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (readdir(d) != nullptr) ++n;
-    closedir(d);
-  }
-  return n - 3;  // ".", ".." and the directory's own descriptor
-}
+int openDescriptors() { return static_cast<int>(loom::openDescriptors()); }
 
 /// Raises the soft descriptor limit to the hard one: the full mesh needs many, and what a rank
 /// uses is what this tool reports.

@@ -4,7 +4,6 @@
 // rank. Prints the line init_scale prints, "gloo threads N init_ms first_ms - links fds ok", or
 // "gloo threads N failed <why>".
 //   gloo_init_scale N
-#include <dirent.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -23,18 +22,13 @@
 #include <thread>
 #include <vector>
 
+#include "core/descriptors.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int openDescriptors() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (readdir(d) != nullptr) ++n;
-    closedir(d);
-  }
-  return n - 3;
-}
+int openDescriptors() { return static_cast<int>(loom::openDescriptors()); }
 
 }  // namespace
 

@@ -54,7 +54,9 @@ TEST(Descriptors, TheSoftLimitIsRaisedForTheLinks) {
   loomtest::TransportSetup tcp("tcp");
   const rlim_t low = loom::openDescriptors() + 80;
   if (SoftLimit::hard() != RLIM_INFINITY && SoftLimit::hard() < low + 2000)
-    GTEST_SKIP() << "the hard descriptor limit (" << SoftLimit::hard() << ") leaves no room to raise";
+    GTEST_SKIP() << "the hard descriptor limit (ulimit -Hn) is " << SoftLimit::hard()
+                 << ", too low to raise the soft one past " << low + 2000
+                 << ": run the tests where the hard limit is higher (root may raise it: ulimit -Hn 65536)";
   SoftLimit limit(low);
   loomtest::runOk(
       kRanks,
@@ -86,7 +88,9 @@ TEST(Descriptors, ALimitThatMayNotBeRaisedIsAClearErrorOnEveryRank) {
 TEST(Descriptors, TheStoresHostMakesRoomForEveryRank) {
   const rlim_t low = loom::openDescriptors() + 80;
   if (SoftLimit::hard() != RLIM_INFINITY && SoftLimit::hard() < low + 2000)
-    GTEST_SKIP() << "the hard descriptor limit (" << SoftLimit::hard() << ") leaves no room to raise";
+    GTEST_SKIP() << "the hard descriptor limit (ulimit -Hn) is " << SoftLimit::hard()
+                 << ", too low to raise the soft one past " << low + 2000
+                 << ": run the tests where the hard limit is higher (root may raise it: ulimit -Hn 65536)";
   // A free port: bind one, close it, let the store take it.
   int err = 0;
   loom::Socket probe = loom::listenOn(loom::SockAddr::resolve("127.0.0.1", 0).front(), 4, &err);
