@@ -357,6 +357,14 @@ def body_work_wait_timeout(rank, world):
         work = dist.irecv(t, src=1, tag=99)
         with pytest.raises(RuntimeError):
             work.wait(datetime.timedelta(milliseconds=300))
+    # Rank 1 stays until rank 0 is done: Gloo's full-mesh connect can return on one rank while the
+    # other is still in its handshake, and a rank that exits at once then fails the other's init.
+    # (Through the store: Loom, like NCCL, takes a timed-out wait as the end of the communicator.)
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set("wait_timeout_done", "1")
+    else:
+        store.wait(["wait_timeout_done"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
