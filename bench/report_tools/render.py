@@ -407,6 +407,32 @@ def render_scale(res_doc):
     return "".join(out)
 
 
+# ---- reproducible mode --------------------------------------------------------------------------
+
+@stamped("reproducible", "reproducible")
+def render_reproducible(res_doc):
+    d = res_doc["data"]
+    out = []
+    b = d.get("bits")
+    if b:
+        rows = [[human(r["size"]), str(r["distinct_0"]), str(r["distinct_1"])] for r in b["rows"]]
+        rows.append(["first 256 elements, over the sizes from 1 KiB", str(b["prefix_distinct"]["0"]),
+                     str(b["prefix_distinct"]["1"])])
+        out.append(table(["size", "distinct results, default mode", "distinct results, reproducible"], rows))
+        out.append(f"\nDistinct checksums of the result over {b['runs_per_mode']} runs per mode: "
+                   f"layouts {', '.join(b['layouts'])} (1 node over shared memory, 1 node over TCP, virtual nodes "
+                   f"of 2 and of 1 rank), each with LOOM_ALGO = {', '.join(b['algos'])}. One means the same bits "
+                   "in every run.\n\n")
+    s = d.get("speed")
+    if s:
+        rows = [[r["links"], human(r["size"]), us(r["default_us"]), us(r["reproducible_us"]), ratio(r["ratio"])]
+                for r in s["rows"]]
+        out.append(table(["links", "size", "default mode", "reproducible", "reproducible / default"], rows))
+        out.append(f"\n{s['ranks']} ranks, float32 sum, out-of-place time; medians of {s['repeats']} interleaved "
+                   "runs of each.\n")
+    return "".join(out)
+
+
 def render_algos(doc_dir):
     res_doc = load("algos")
     if res_doc is None:
@@ -470,6 +496,7 @@ RENDERERS = {
     "faults": render_faults,
     "algos": render_algos,
     "scale": render_scale,
+    "reproducible": render_reproducible,
 }
 
 

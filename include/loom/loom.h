@@ -111,11 +111,15 @@ typedef struct {
   const char* name;       /**< communicator name used in logs and errors; NULL: "loom" */
   const char* transports; /**< transports allowed, e.g. "tcp" (LOOM_TRANSPORT); NULL: all */
   int socketsPerPeer;     /**< TCP sockets striped per peer (LOOM_SOCKETS_PER_PEER); -1: default */
+  int reproducible;       /**< 1: reproducible mode, 0: off (LOOM_REPRODUCIBLE; default off); -1: default.
+                               Float sum, avg and prod reductions then return the same bits whatever the
+                               message size, algorithm, transport, buffers or node layout
+                               (docs/reproducibility.md); every rank must pass the same value. */
 } loomConfig_t;
 
 #define LOOM_CONFIG_MAGIC 0x4c4f4f4du
 #define LOOM_CONFIG_INITIALIZER \
-  { sizeof(loomConfig_t), LOOM_CONFIG_MAGIC, LOOM_VERSION_CODE, -1, -1, NULL, NULL, -1 }
+  { sizeof(loomConfig_t), LOOM_CONFIG_MAGIC, LOOM_VERSION_CODE, -1, -1, NULL, NULL, -1, -1 }
 
 /** Writes LOOM_VERSION_CODE of the library actually linked. */
 loomResult_t loomGetVersion(int* version);

@@ -145,6 +145,12 @@ struct Options {
   /// This rank's host identity (LOOM_HOST_ID): ranks with equal ids are taken to share a node and
   /// its memory. Empty: detected (same boot id, IPC namespace and /dev/shm).
   std::string hostId;
+  /// Reproducible mode (LOOM_REPRODUCIBLE; default off): 1 on, 0 off, -1 unset. Every float sum,
+  /// avg and prod (all-reduce, reduce, reduce-scatter) then returns, per element, one canonical
+  /// expression of the ranks' inputs: the same bits whatever the message size, algorithm, transport,
+  /// buffer location or placement of ranks on nodes (docs/reproducibility.md). Every rank of a
+  /// communicator must agree.
+  int reproducible = -1;
 };
 
 /// The 128-byte rendezvous id (see loomUniqueId). A secret: whoever holds it can join.
@@ -277,10 +283,13 @@ class Communicator {
   /// The algorithm this communicator runs for `collective` ("all_reduce", "broadcast", "reduce",
   /// "all_gather", "reduce_scatter", "all_to_all") moving `bytes` in all: "ring", "rd", "hd",
   /// "tree", "chain", "dbtree", "pairwise", "hier" (node-aware) or "direct" (one node, through
-  /// shared memory). What the cost model and LOOM_ALGO pick.
+  /// shared memory). What the cost model and LOOM_ALGO pick; in reproducible mode, for the float
+  /// reductions (all-reduce, reduce, reduce-scatter): "canonical", or "direct" on one node.
   std::string algorithmFor(const std::string& collective, size_t bytes) const;
   /// The communicator's name (Options::name).
   const std::string& name() const;
+  /// Whether the communicator is in reproducible mode (Options::reproducible).
+  bool reproducible() const;
 
   // ---- Point-to-point. Ordered per pair and tag; `tag` must be below 2^31. ----
   //

@@ -31,6 +31,8 @@ struct Args {
   std::shared_ptr<const std::vector<size_t>> counts;
   /// The CUDA device the buffers are on, -1 for host memory (comm/device_staging.hpp).
   int device = -1;
+  /// Reduce along the canonical tree over rank order (reproducible mode; kernels::reduceCanonical).
+  bool canonical = false;
 };
 
 class Context {
@@ -173,6 +175,14 @@ void allGatherAcrossNodes(Context& c, const std::vector<int>& members, const Arg
 void reduceScatterAcrossNodes(Context& c, const std::vector<int>& members, const Args& a);
 void reduceAcrossNodes(Context& c, const std::vector<int>& members, const Args& a);
 void broadcastHierarchical(Context& c, const Args& a);
+// reproducible.cc: reproducible mode's float reductions (docs/reproducibility.md): each element
+// reduced by one rank from every input at once along the canonical tree over rank order
+// (kernels::reduceCanonical), so that neither the size nor the links change its bits.
+void allReduceReproducible(Context& c, const Args& a);
+/// The latency-bound form: a recursive doubling that combines along the canonical tree.
+void allReduceReproducibleDoubling(Context& c, const Args& a);
+void reduceReproducible(Context& c, const Args& a);
+void reduceScatterReproducible(Context& c, const Args& a);
 void reduceHierarchical(Context& c, const Args& a);
 
 }  // namespace coll

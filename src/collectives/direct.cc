@@ -9,7 +9,8 @@
 // and a last barrier before an area is written again. Small all-reduces (up to 16 KiB) take one
 // barrier: each rank stages its whole buffer in one of two alternating halves and reduces all of
 // it itself, which for a few kilobytes costs less than two more barriers. Each element is reduced once, by one rank,
-// in one order, so every rank holds the same bits. A rank stages all but its own slice, which it
+// in one order, so every rank holds the same bits (in reproducible mode, Args::canonical, the
+// canonical tree over rank order, whatever the chunk or slice). A rank stages all but its own slice, which it
 // reduces straight from its input: about 5 - 2/n bytes of memory traffic per byte of message,
 // against 2 + 7(n-1)/n for the ring with single-copy reads, and no syscall.
 // Broadcast and all-gather work the same way without the reduction: the root (every rank, for
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "collectives/arena_sync.hpp"
 #include "collectives/context.hpp"
@@ -41,7 +43,8 @@ uint64_t callWord(const Context& c, Kind kind, const Args& a) {
   const SigKind k = kind == Kind::AllReduce   ? SigKind::AllReduce
                     : kind == Kind::Broadcast ? SigKind::Broadcast
                                               : SigKind::AllGather;
-  const uint64_t word = makeSignature(k, a.type, a.op, a.root, a.count);
+  uint64_t word = makeSignature(k, a.type, a.op, a.root, a.count);
+  if (isInReproducibleMode(c.signature())) word = inReproducibleMode(word);
   return isOnDeviceBuffers(c.signature()) ? onDeviceBuffers(word) : word;
 }
 
@@ -117,6 +120,12 @@ void allReduceDirect(Context& c, const Args& a) {
   if (total <= small) {
     // Small: every rank reduces the whole buffer from all areas itself, in rank order.
     smallExchange(c, ar, total, callWord(c, Kind::AllReduce, a), in, total, [&](size_t half) {
+      if (a.canonical) {
+        std::vector<const void*> srcs;
+        for (int p = 0; p < n; ++p) srcs.push_back(ar.buffers[static_cast<size_t>(p)] + half);
+        kernels::reduceCanonical(out, srcs.data(), n, a.count, a.type, a.op);
+        return;
+      }
       if (n == 1) {
         kernels::copy(out, ar.buffers[0] + half, total);
       } else {
@@ -133,6 +142,7 @@ void allReduceDirect(Context& c, const Args& a) {
   // small calls' sets while this rank has moved on.
   publishCall(c, ar, total, callWord(c, Kind::AllReduce, a), 2);
   bool checked = false;
+  std::vector<const void*> srcs(static_cast<size_t>(n));
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t len = std::min(chunk, a.count - off);
     const auto slices = planSegments(len, n);
@@ -153,14 +163,21 @@ void allReduceDirect(Context& c, const Args& a) {
       const size_t at = largeAt + s.offset * E;
       const uint8_t* own = in + (off + s.offset) * E;
       uint8_t* dst = out + (off + s.offset) * E;
-      const uint8_t* acc = own;
-      for (int p = 0; p < n; ++p) {
-        if (p == me) continue;
-        kernels::reduce(dst, acc, ar.buffers[static_cast<size_t>(p)] + at, s.count, a.type, a.op);
-        acc = dst;
+      if (a.canonical) {
+        // Reproducible mode: every input at once, along the canonical tree over rank order.
+        for (int p = 0; p < n; ++p)
+          srcs[static_cast<size_t>(p)] = p == me ? own : ar.buffers[static_cast<size_t>(p)] + at;
+        kernels::reduceCanonical(dst, srcs.data(), n, s.count, a.type, a.op);
+      } else {
+        const uint8_t* acc = own;
+        for (int p = 0; p < n; ++p) {
+          if (p == me) continue;
+          kernels::reduce(dst, acc, ar.buffers[static_cast<size_t>(p)] + at, s.count, a.type, a.op);
+          acc = dst;
+        }
+        if (n == 1) copyIfDistinct(dst, own, s.count * E);
+        if (a.op == ReduceOp::Avg) kernels::divide(dst, s.count, a.type, n);
       }
-      if (n == 1) copyIfDistinct(dst, own, s.count * E);
-      if (a.op == ReduceOp::Avg) kernels::divide(dst, s.count, a.type, n);
       kernels::copy(mine + s.offset * E, dst, s.count * E);
     }
     barrier(c, ar, ++step);

@@ -6,6 +6,7 @@
 // duration, so loomCommAbort from another thread unblocks the call and the memory goes only when
 // the call has returned.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -140,7 +141,9 @@ loom::ReduceOp toOp(const loomRedOp_t& op) {
 loom::Options toOptions(const loomConfig_t* config) {
   loom::Options o;
   if (config == nullptr) return o;
-  if (config->magic != LOOM_CONFIG_MAGIC || config->size != sizeof(loomConfig_t)) {
+  // A caller compiled before `reproducible` was added passes the shorter struct.
+  const size_t before = offsetof(loomConfig_t, reproducible);
+  if (config->magic != LOOM_CONFIG_MAGIC || (config->size != sizeof(loomConfig_t) && config->size != before)) {
     LOOM_THROW(ErrorCode::InvalidArgument, -1,
                "config was not initialised with LOOM_CONFIG_INITIALIZER (or comes from another Loom version)");
   }
@@ -149,6 +152,7 @@ loom::Options toOptions(const loomConfig_t* config) {
   if (config->name != nullptr) o.name = config->name;
   if (config->transports != nullptr) o.transports = config->transports;
   if (config->socketsPerPeer > 0) o.socketsPerPeer = config->socketsPerPeer;
+  if (config->size > before && config->reproducible >= 0) o.reproducible = config->reproducible != 0 ? 1 : 0;
   return o;
 }
 

@@ -1,5 +1,7 @@
 // Entry points of the collectives: argument checks, algorithm choice, and ordered execution on
 // the communicator's op queue (inline when the queue is idle and the call is blocking).
+#include <cstring>
+
 #include "collectives/context.hpp"
 #include "collectives/select.hpp"
 #include "comm/device_ipc.hpp"
@@ -7,6 +9,7 @@
 #include "comm/device_staging.hpp"
 #include "core/format.hpp"
 #include "core/signature.hpp"
+#include "kernels/reduce.hpp"
 
 namespace loom {
 namespace {
@@ -63,8 +66,44 @@ Algo chooseAlgo(const detail::CommImpl& c, Coll kind, size_t bytes) {
   return algo;
 }
 
+// Whether reproducible mode decides how this call reduces: a float sum, avg or prod reduction on a
+// communicator in that mode (the other types and ops are exact in any order).
+bool canonicalCall(const detail::CommImpl& c, Coll kind, const Args& a) {
+  return c.reproducible() && (kind == Coll::AllReduce || kind == Coll::Reduce || kind == Coll::ReduceScatter) &&
+         kernels::isCanonicalReduction(a.type, a.op);
+}
+
+// The algorithm of a canonical call of `bytes` (runCanonical): the direct all-reduce on one node's
+// arena; the canonical recursive doubling where the cost model would pick recursive doubling (the
+// latency-bound sizes); else the canonical reduce-scatter and gather.
+const char* canonicalAlgo(const detail::CommImpl& c, Coll kind, size_t bytes) {
+  if (kind != Coll::AllReduce) return "canonical";
+  if (c.selector() != nullptr && c.selector()->direct()) return "direct";
+  const coll::CostModel m = c.selector() != nullptr ? c.selector()->model() : coll::costModelFor(c.slowestLink());
+  return coll::selectAlgo(kind, bytes, c.size(), m, "") == Algo::RecursiveDoubling ? "canonical-rd" : "canonical";
+}
+
+// A reproducible reduction: the canonical algorithms (collectives/reproducible.cc), or the direct
+// all-reduce reducing along the canonical tree where every rank shares one node's arena. LOOM_ALGO
+// and the cost model do not apply: no other algorithm is needed for the same bits.
+void runCanonical(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int64_t seq) {
+  const char* algo = canonicalAlgo(c, kind, a.count * a.elem);
+  c.diagnostics().enterCall(seq, sig, algo);
+  coll::Context ctx(c, seq, coll::collName(kind), algo, sig);
+  if (std::strcmp(algo, "direct") == 0) {
+    Args b = a;
+    b.canonical = true;
+    return coll::allReduceDirect(ctx, b);
+  }
+  if (std::strcmp(algo, "canonical-rd") == 0) return coll::allReduceReproducibleDoubling(ctx, a);
+  if (kind == Coll::AllReduce) return coll::allReduceReproducible(ctx, a);
+  if (kind == Coll::Reduce) return coll::reduceReproducible(ctx, a);
+  coll::reduceScatterReproducible(ctx, a);
+}
+
 // Runs collective `kind` on host buffers as call `seq`, with the algorithm chosen for its size.
 void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int64_t seq) {
+  if (canonicalCall(c, kind, a)) return runCanonical(c, kind, a, sig, seq);
   const size_t bytes = (kind == Coll::AllGather || kind == Coll::ReduceScatter || kind == Coll::AllToAll)
                            ? a.count * a.elem * static_cast<size_t>(c.size())
                            : a.count * a.elem;
@@ -104,8 +143,14 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, void* stream, bool async) {
   uint64_t sig = a.counts
                      ? makeAllToAllvSignature(a.type)
                      : makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
+  if (canonicalCall(c, kind, a)) sig = inReproducibleMode(sig);
   if (a.device >= 0) {
     sig = onDeviceBuffers(sig);
+    // Reproducible reductions of device buffers are staged through host memory and reduced there
+    // (the device paths reduce in their own orders).
+    if (canonicalCall(c, kind, a))
+      return detail::launchOnDevice(c, kind, a, stream, sig,
+                                    [&c, kind, sig](const Args& h, int64_t seq) { runOnHost(c, kind, h, sig, seq); });
     if (detail::deviceIpcUsable(c, kind, a.counts != nullptr))
       return detail::launchOnDeviceIpc(c, kind, a, stream, sig);
     if (detail::deviceNodesUsable(c, kind)) return detail::launchAcrossNodesOnDevice(c, kind, a, stream, sig);
@@ -277,8 +322,13 @@ int Communicator::deviceOf(const void* p) {
 
 std::string Communicator::algorithmFor(const std::string& collective, size_t bytes) const {
   auto& c = implOf(*this);
-  for (Coll k : {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll})
-    if (collective == coll::collName(k)) return coll::algoName(chooseAlgo(c, k, bytes));
+  for (Coll k :
+       {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll}) {
+    if (collective != coll::collName(k)) continue;
+    Args floatSum;  // (Args' defaults: a float32 sum)
+    if (canonicalCall(c, k, floatSum)) return canonicalAlgo(c, k, bytes);
+    return coll::algoName(chooseAlgo(c, k, bytes));
+  }
   LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
              strFormat("algorithmFor: unknown collective \"%s\" (all_reduce, broadcast, reduce, all_gather, "
                        "reduce_scatter, all_to_all)",

@@ -32,6 +32,9 @@ LOOM_PARAM_INT(timeoutParam, "LOOM_TIMEOUT", 300,
                "timeout names what was awaited from whom, carries the hang report, and fails the communicator");
 LOOM_PARAM_INT(initTimeoutParam, "LOOM_INIT_TIMEOUT", 120,
                "seconds all ranks have to join a communicator; the error names the ranks that did not");
+LOOM_PARAM_INT(reproducibleParam, "LOOM_REPRODUCIBLE", 0,
+               "1: reproducible mode (Options::reproducible): float sum, avg and prod reductions return the same bits "
+               "whatever the size, algorithm, transport, buffer location and node layout (docs/reproducibility.md)");
 LOOM_PARAM_INT(socketsPerPeerParam, "LOOM_SOCKETS_PER_PEER", 2, "TCP sockets striped per peer (1 to 16)");
 
 std::string hostName() {
@@ -53,6 +56,7 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
       links_(rank, size) {
   LogRankScope logScope(rank);
   timeout_ = options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(timeoutParam() * 1000);
+  reproducible_ = options.reproducible >= 0 ? options.reproducible != 0 : reproducibleParam() != 0;
   const auto initTimeout =
       options.initTimeout.count() > 0 ? options.initTimeout : std::chrono::milliseconds(initTimeoutParam() * 1000);
   const int sockets = options.socketsPerPeer > 0 ? options.socketsPerPeer : static_cast<int>(socketsPerPeerParam());

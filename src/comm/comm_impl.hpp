@@ -63,6 +63,8 @@ class CommImpl : public Progressable, public coll::CommView {
   int size() const override { return size_; }
   const std::string& name() const { return name_; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  /// Reproducible mode (Options::reproducible, LOOM_REPRODUCIBLE).
+  bool reproducible() const { return reproducible_; }
 
   // ---- User point-to-point (validates arguments; throws Error). ----
   RequestPtr isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag);
@@ -198,6 +200,7 @@ class CommImpl : public Progressable, public coll::CommView {
   int splits_ = 0;   // splits called on this communicator
   const std::string name_;
   std::chrono::milliseconds timeout_;
+  bool reproducible_ = false;
   std::shared_ptr<FailureState> failure_;
   std::shared_ptr<ProgressHook> progress_;
   StoreAccess access_;

@@ -165,6 +165,13 @@ detail::CommImpl& live(const std::unique_ptr<detail::CommImpl>& impl) {
   }
   return *impl;
 }
+// The options of a communicator made from `c`: c's own, or `given`, in c's reproducible mode unless
+// `given` says otherwise (the mode is read once, when the first communicator is made).
+Options childOptions(const detail::CommImpl& c, const Options* given = nullptr) {
+  Options o = given != nullptr ? *given : c.options();
+  if (o.reproducible < 0) o.reproducible = c.reproducible() ? 1 : 0;
+  return o;
+}
 }  // namespace
 
 Communicator Communicator::shrink(std::chrono::milliseconds wait) {
@@ -172,7 +179,7 @@ Communicator Communicator::shrink(std::chrono::milliseconds wait) {
   int rank = 0, size = 0;
   StoreAccess access = c.shrinkAccess(wait, &rank, &size);
   LogRankScope scope(rank);
-  return Communicator(joinThrough(rank, size, std::move(access), c.options(),
+  return Communicator(joinThrough(rank, size, std::move(access), childOptions(c),
                                   strFormat("shrunk from communicator \"%s\"", c.name().c_str())));
 }
 
@@ -197,7 +204,7 @@ Communicator Communicator::split(int color, int key) {
       std::find(members.begin(), members.end(), std::make_pair(static_cast<int32_t>(key), c.rank())) - members.begin());
   LogRankScope scope(newRank);
   return Communicator(joinThrough(
-      newRank, static_cast<int>(members.size()), std::move(access), c.options(),
+      newRank, static_cast<int>(members.size()), std::move(access), childOptions(c),
       strFormat("split from communicator \"%s\" (rank %d there, color %d)", c.name().c_str(), c.rank(), color)));
 }
 
@@ -220,7 +227,7 @@ Communicator Communicator::group(const std::vector<int>& ranks, const std::strin
   StoreAccess access = c.groupAccess(ranks, name);
   LogRankScope scope(newRank);
   return Communicator(joinThrough(
-      newRank, static_cast<int>(ranks.size()), std::move(access), options != nullptr ? *options : c.options(),
+      newRank, static_cast<int>(ranks.size()), std::move(access), childOptions(c, options),
       strFormat("group \"%s\" of communicator \"%s\" (rank %d there)", name.c_str(), c.name().c_str(), c.rank())));
 }
 
@@ -245,6 +252,7 @@ std::string Communicator::describeLink(int peer) const {
   return c.describeLink(peer);
 }
 const std::string& Communicator::name() const { return live(impl_).name(); }
+bool Communicator::reproducible() const { return live(impl_).reproducible(); }
 std::chrono::milliseconds Communicator::timeout() const { return live(impl_).timeout(); }
 void Communicator::checkError() const { live(impl_).checkOk(); }
 void Communicator::abort() {

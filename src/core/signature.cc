@@ -7,10 +7,11 @@
 namespace loom {
 namespace {
 
-constexpr uint64_t kCountBits = 35, kRootBits = 18, kRootShift = 36;
+constexpr uint64_t kCountBits = 35, kRootBits = 17, kRootShift = 36;
 constexpr uint64_t kCountMask = (uint64_t{1} << kCountBits) - 1;
 constexpr uint64_t kDeviceBit = uint64_t{1} << kCountBits;
 constexpr uint64_t kRootMask = (uint64_t{1} << kRootBits) - 1;
+constexpr uint64_t kReproducibleBit = uint64_t{1} << (kRootShift + kRootBits);
 
 const char* kindName(uint64_t k) {
   static const char* names[] = {"?",          "all_reduce",     "broadcast",  "reduce",
@@ -41,9 +42,12 @@ uint64_t makeAllToAllvSignature(DataType type) {
 
 uint64_t onDeviceBuffers(uint64_t sig) { return sig == 0 ? 0 : sig | kDeviceBit; }
 bool isOnDeviceBuffers(uint64_t sig) { return (sig & kDeviceBit) != 0; }
+uint64_t inReproducibleMode(uint64_t sig) { return sig == 0 ? 0 : sig | kReproducibleBit; }
+bool isInReproducibleMode(uint64_t sig) { return (sig & kReproducibleBit) != 0; }
 
 std::string describeSignature(uint64_t sig) {
-  const std::string where = (sig & kDeviceBit) != 0 ? " on device buffers" : "";
+  const std::string where = std::string((sig & kDeviceBit) != 0 ? " on device buffers" : "") +
+                            ((sig & kReproducibleBit) != 0 && (sig >> 61) != 0 ? " in reproducible mode" : "");
   const uint64_t k = sig >> 61;
   if (sig == kDeviceIpcMessage) return "a send from device buffers (through CUDA IPC)";
   if (sig == kDeviceIpcAck) return "the acknowledgement of a device send";
@@ -83,6 +87,15 @@ Status signatureMismatch(int peer, uint64_t theirs, int me, uint64_t mine) {
                                    "must pass buffers of the same kind, device memory or host memory",
                                    peer, describeSignature(theirs & ~kDeviceBit).c_str(),
                                    theirsOnDevice ? "device" : "host", me, theirsOnDevice ? "host" : "device"),
+                         peer);
+  }
+  if (theirs != 0 && mine != 0 && (theirs ^ mine) == kReproducibleBit) {
+    const bool theirsOn = (theirs & kReproducibleBit) != 0;
+    return Status::error(ErrorCode::InvalidUsage,
+                         strFormat("rank %d is %sin reproducible mode where rank %d is %s(in %s): every rank of a "
+                                   "communicator must set LOOM_REPRODUCIBLE (Options::reproducible) alike",
+                                   peer, theirsOn ? "" : "not ", me, theirsOn ? "not " : "",
+                                   describeSignature(mine & ~kReproducibleBit).c_str()),
                          peer);
   }
   return Status::error(ErrorCode::InvalidUsage,

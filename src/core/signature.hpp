@@ -5,10 +5,12 @@
 // all_reduce of 1024 float32 (sum)"), instead of a hang or silently mixed data. The check costs
 // no message and no round trip. Zero means "not a collective" and matches anything.
 //
-// Layout (high to low): kind 3 bits, datatype 4, op 3, root 18, device buffers 1, count 35
-// (saturating: counts beyond 2^35 elements compare equal there, and the byte counts still differ).
-// The device bit makes a rank that passes device buffers where its peers pass host memory fail at
-// the first message or shared-memory check, on both sides, instead of at the timeout.
+// Layout (high to low): kind 3 bits, datatype 4, op 3, reproducible 1, root 17, device buffers 1,
+// count 35 (saturating: counts beyond 2^35 elements compare equal there, and the byte counts still
+// differ). The device bit makes a rank that passes device buffers where its peers pass host memory
+// fail at the first message or shared-memory check, on both sides, instead of at the timeout; the
+// reproducible bit does the same for a rank in reproducible mode among ranks that are not (their
+// algorithms differ).
 #pragma once
 
 #include <cstddef>
@@ -42,6 +44,9 @@ uint64_t makeAllToAllvSignature(DataType type);
 /// `sig` marked as a call on device buffers (0 stays 0), and whether it is so marked.
 uint64_t onDeviceBuffers(uint64_t sig);
 bool isOnDeviceBuffers(uint64_t sig);
+/// `sig` marked as a reduction in reproducible mode (0 stays 0), and whether it is so marked.
+uint64_t inReproducibleMode(uint64_t sig);
+bool isInReproducibleMode(uint64_t sig);
 
 /// Marks of the point-to-point messages of device send/recv through CUDA IPC (comm/device_p2p.cc):
 /// kind 0 like every point-to-point message, but not 0, so that a host receive never takes a

@@ -18,6 +18,16 @@ namespace kernels {
 /// dst[i] = op(a[i], b[i]) for i < count. dst may be a or b. ReduceOp::Avg reduces as a sum.
 void reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op);
 
+/// Whether reproducible mode gives (type, op) a canonical order: float sum, avg and prod. The
+/// others are exact in any order.
+bool isCanonicalReduction(DataType type, ReduceOp op);
+
+/// dst[i] = the canonical reduction of srcs[0][i] .. srcs[n-1][i] (reduce_canonical.cc: a fixed
+/// tree over input order, half precision accumulated in float32 and rounded once, avg divided
+/// once): the same bits for the same inputs, whoever computes it. dst may be one of srcs exactly.
+/// Types and ops without a canonical order are reduced in input order.
+void reduceCanonical(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op);
+
 /// buf[i] /= divisor for i < count (integer division for integer types).
 void divide(void* buf, size_t count, DataType type, int divisor);
 

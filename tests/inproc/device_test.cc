@@ -20,6 +20,7 @@
 #include "common/fake_device.hpp"
 #include "common/ranks.hpp"
 #include "device/runtime.hpp"
+#include "kernels/reduce.hpp"
 #include "loom/ddp.hpp"
 #include "loom/loom.h"
 
@@ -823,5 +824,59 @@ TEST(DeviceStaged, HostGroupOfSendsAndReceives) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, DevicePath, ::testing::Values("staged", "ipc"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+// Reproducible mode on device buffers: the same bits as the same call on host buffers (which
+// tests/inproc/reproducible_test.cc checks against the canonical tree), whether CUDA IPC is there
+// or not and across nodes; the reductions are staged through host memory, never through IPC.
+TEST(DeviceReproducible, DeviceBuffersGiveTheHostsBits) {
+  for (const char* layout : {"shm", "mixed", "tcp"}) {
+    SCOPED_TRACE(layout);
+    loomtest::TransportSetup setup(layout);
+    FakeDeviceScope device(4096, true);
+    loom::Options o;
+    o.reproducible = 1;
+    loomtest::runOk(
+        4,
+        [&](loom::Communicator& c) {
+          for (auto [type, op] :
+               {std::pair{DataType::Float32, ReduceOp::Sum}, std::pair{DataType::Bfloat16, ReduceOp::Avg},
+                std::pair{DataType::Float64, ReduceOp::Prod}}) {
+            const size_t count = 30011, bytes = count * loom::sizeOf(type);
+            std::vector<uint8_t> in(bytes), host(bytes), dev(bytes);
+            // Wide-ranging values (every byte pattern but NaN-prone exponents would do; keep them finite).
+            for (size_t i = 0; i < count; ++i) {
+              const uint64_t h = (i * 0x9e3779b97f4a7c15ull) ^ (static_cast<uint64_t>(c.rank()) << 50);
+              const double v = (1.0 + static_cast<double>(h % 1000003) / 1000003.0) *
+                               (op == ReduceOp::Prod ? 1.0 : std::ldexp(1.0, static_cast<int>((h >> 20) % 31) - 15)) *
+                               ((h >> 40) & 1 ? -1.0 : 1.0);
+              uint8_t* p = in.data() + i * loom::sizeOf(type);
+              if (type == DataType::Float64) {
+                std::memcpy(p, &v, 8);
+              } else if (type == DataType::Float32) {
+                const auto f = static_cast<float>(v);
+                std::memcpy(p, &f, 4);
+              } else {
+                const uint16_t b = loom::kernels::floatToBf16(static_cast<float>(v));
+                std::memcpy(p, &b, 2);
+              }
+            }
+            c.allReduce(in.data(), host.data(), count, type, op);
+            void* dIn = device.alloc(bytes);
+            void* dOut = device.alloc(bytes);
+            device.upload(dIn, in.data(), bytes);
+            void* stream = device.stream(c.rank());
+            c.allReduce(dIn, dOut, count, type, op, stream);
+            device.synchronize(stream);
+            device.download(dev.data(), dOut, bytes);
+            EXPECT_EQ(std::memcmp(dev.data(), host.data(), bytes), 0) << "type " << static_cast<int>(type);
+            device.free(dIn);
+            device.free(dOut);
+          }
+        },
+        o);
+    EXPECT_EQ(device.dev.ipcExports(), 0) << "a reproducible reduction went through CUDA IPC";
+    EXPECT_EQ(device.dev.stuckWaits(), 0);
+  }
+}
 
 }  // namespace

@@ -514,3 +514,62 @@ TEST(Net, AVanishedNodeIsNamedByTheHeartbeat) {
   EXPECT_NE(out.find("rank 1", at), std::string::npos) << out;
   std::printf("[ fault    ] link down: %s", out.substr(at, out.find('\n', at) - at + 1).c_str());
 }
+
+// ---- Reproducible mode (docs/reproducibility.md) across real node layouts. ----
+
+namespace {
+
+// Size -> checksum of the result, from reproducible_check's output; fails the test when the ranks
+// of a run disagree or the run fails.
+std::map<std::string, std::string> checksumsOf(const Result& r) {
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::map<std::string, std::string> sums;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    if (!w.empty() && w[0].front() == '[') w.erase(w.begin());
+    if (w.size() != 6 || w[0].find_first_not_of("0123456789") != std::string::npos) continue;
+    EXPECT_EQ(w[4], "same") << line;
+    sums[w[0]] = w[2];
+  }
+  EXPECT_EQ(sums.size(), 5u) << r.out;
+  return sums;
+}
+
+}  // namespace
+
+// The same all-reduce (4 ranks, float32 sum of wide-ranging data, 16 B to 1 MiB) on 1 node over
+// shared memory and over TCP, on 2 nodes of 2 and 4 nodes of 1, under the model's algorithm and
+// forced ones: one checksum per size with LOOM_REPRODUCIBLE=1; without it, the layouts differ.
+TEST(Reproducible, OneChecksumPerSizeOnEveryLayoutAndAlgorithm) {
+  SKIP_WITHOUT_NAMESPACES();
+  const std::vector<std::string> check = {path("REPRODUCIBLE_CHECK"), "-b", "16", "-e", "1M", "-f", "16"};
+  std::vector<std::string> local = {path("LOOMRUN"), "-n", "4"};
+  local.insert(local.end(), check.begin(), check.end());
+  Cluster two(2), four(4);
+  ASSERT_TRUE(two.ok() && four.ok());
+  std::map<std::string, std::map<std::string, std::string>> on, off;  // run -> size -> checksum
+  for (const char* algo : {"", "ring", "hier", "rd"}) {
+    for (int mode : {1, 0}) {
+      if (mode == 0 && std::string(algo) == "rd") continue;
+      Env env = {{"LOOM_REPRODUCIBLE", std::to_string(mode)}, {"LOOM_ALGO", algo}};
+      auto& into = mode == 1 ? on : off;
+      const std::string tag = std::string("LOOM_ALGO=") + algo;
+      into[tag + " 1x4 shm"] = checksumsOf(runCmd(local, env, 120));
+      Env tcp = env;
+      tcp["LOOM_TRANSPORT"] = "tcp";
+      into[tag + " 1x4 tcp"] = checksumsOf(runCmd(local, tcp, 120));
+      into[tag + " 2x2"] = checksumsOf(two.run("2", check, env, 120));
+      into[tag + " 4x1"] = checksumsOf(four.run("1", check, env, 120));
+    }
+  }
+  const auto& first = on.begin()->second;
+  for (const auto& [run, sums] : on) EXPECT_EQ(sums, first) << run << " differs from " << on.begin()->first;
+  int differing = 0;
+  for (const auto& [run, sums] : off) differing += sums != first ? 1 : 0;
+  EXPECT_GT(differing, 0) << "the default mode should differ somewhere on this data";
+  std::printf("[ repro    ] %zu runs with the mode: one checksum per size; %d of %zu without it differ\n", on.size(),
+              differing, off.size());
+}

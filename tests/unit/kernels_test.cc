@@ -3,10 +3,14 @@
 // half-precision types bit for bit, and avg's division.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <vector>
 
+#include "common/canonical_tree.hpp"
 #include "kernels/half_bits.hpp"
 #include "kernels/reduce.hpp"
 
@@ -192,4 +196,137 @@ TEST(Kernels, OperandsAtAnyByteAddress) {
               << loom::toString(t) << " " << loom::toString(op) << " n=" << n << " offset " << off;
         }
       }
+}
+
+// ---- The canonical reduction of reproducible mode (kernels::reduceCanonical). ----
+
+namespace {
+
+// A float spread over 2^-20 .. 2^20 with either sign, where orders of addition give other bits.
+float wide(std::mt19937& rng) {
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> e(-20, 20), s(0, 1);
+  return std::ldexp(mant(rng), e(rng)) * (s(rng) ? -1.0f : 1.0f);
+}
+
+}  // namespace
+
+// Every input count from 1 to 40 (powers of two and not), float32 and float64, sum, prod and avg,
+// counts across the kernel's blocks, unaligned inputs and output, and the output being an input.
+TEST(CanonicalKernel, MatchesTheTreeBitForBit) {
+  std::mt19937 rng(7);
+  const size_t count = 1000;  // several 256-element blocks and a tail
+  for (int n = 1; n <= 40; ++n) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Avg}) {
+      std::vector<std::vector<uint8_t>> f32(static_cast<size_t>(n)), f64(static_cast<size_t>(n));
+      std::vector<const void*> p32, p64;
+      for (int s = 0; s < n; ++s) {
+        f32[static_cast<size_t>(s)].resize(count * 4 + 1);
+        f64[static_cast<size_t>(s)].resize(count * 8 + 3);
+        for (size_t i = 0; i < count; ++i) {
+          const float v = op == ReduceOp::Prod ? std::ldexp(wide(rng), 0) / std::ldexp(1.0f, 20) + 1.0f : wide(rng);
+          const double d = static_cast<double>(wide(rng)) * (1.0 + 1e-9 * static_cast<double>(i));
+          std::memcpy(f32[static_cast<size_t>(s)].data() + 1 + i * 4, &v, 4);  // unaligned
+          std::memcpy(f64[static_cast<size_t>(s)].data() + 3 + i * 8, &d, 8);
+        }
+        p32.push_back(f32[static_cast<size_t>(s)].data() + 1);
+        p64.push_back(f64[static_cast<size_t>(s)].data() + 3);
+      }
+      std::vector<uint8_t> out32(count * 4 + 2), out64(count * 8 + 1);
+      k::reduceCanonical(out32.data() + 2, p32.data(), n, count, DataType::Float32, op);
+      k::reduceCanonical(out64.data() + 1, p64.data(), n, count, DataType::Float64, op);
+      const bool mul = op == ReduceOp::Prod;
+      for (size_t i = 0; i < count; ++i) {
+        std::vector<float> x32;
+        std::vector<double> x64;
+        for (int s = 0; s < n; ++s) {
+          float a;
+          double b;
+          std::memcpy(&a, static_cast<const uint8_t*>(p32[static_cast<size_t>(s)]) + i * 4, 4);
+          std::memcpy(&b, static_cast<const uint8_t*>(p64[static_cast<size_t>(s)]) + i * 8, 8);
+          x32.push_back(a);
+          x64.push_back(b);
+        }
+        float w32 = loomtest::canonicalTree(x32, 0, x32.size(), mul);
+        double w64 = loomtest::canonicalTree(x64, 0, x64.size(), mul);
+        if (op == ReduceOp::Avg) {
+          w32 /= static_cast<float>(n);
+          w64 /= static_cast<double>(n);
+        }
+        ASSERT_EQ(std::memcmp(out32.data() + 2 + i * 4, &w32, 4), 0) << "float32 n " << n << " element " << i;
+        ASSERT_EQ(std::memcmp(out64.data() + 1 + i * 8, &w64, 8), 0) << "float64 n " << n << " element " << i;
+      }
+      // In place: the output is one of the inputs (here the third, or the only one).
+      std::vector<uint8_t> again(out32.begin() + 2, out32.end());
+      const size_t at = static_cast<size_t>(std::min(2, n - 1));
+      k::reduceCanonical(const_cast<void*>(p32[at]), p32.data(), n, count, DataType::Float32, op);
+      ASSERT_EQ(std::memcmp(p32[at], again.data(), count * 4), 0) << "in place, n " << n;
+    }
+  }
+}
+
+// float16 and bfloat16: widened, the tree in float32, rounded once (not after every step).
+TEST(CanonicalKernel, HalfTypesRoundOnce) {
+  std::mt19937 rng(11);
+  const size_t count = 777;
+  for (DataType t : {DataType::Float16, DataType::Bfloat16}) {
+    for (int n : {2, 3, 5, 8, 13}) {
+      std::vector<std::vector<uint16_t>> in(static_cast<size_t>(n), std::vector<uint16_t>(count));
+      std::vector<const void*> ptrs;
+      for (auto& v : in) {
+        for (auto& h : v) {
+          const float f = std::ldexp(wide(rng), -14);  // within float16's range
+          h = t == DataType::Float16 ? k::floatToFp16(f) : k::floatToBf16(f);
+        }
+        ptrs.push_back(v.data());
+      }
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+        std::vector<uint16_t> out(count);
+        k::reduceCanonical(out.data(), ptrs.data(), n, count, t, op);
+        int roundedOnceDiffers = 0;
+        for (size_t i = 0; i < count; ++i) {
+          std::vector<float> x;
+          for (int s = 0; s < n; ++s) {
+            const uint16_t h = in[static_cast<size_t>(s)][i];
+            x.push_back(t == DataType::Float16 ? k::fp16ToFloat(h) : k::bf16ToFloat(h));
+          }
+          float w = loomtest::canonicalTree(x, 0, x.size(), false);
+          if (op == ReduceOp::Avg) w /= static_cast<float>(n);
+          const uint16_t want = t == DataType::Float16 ? k::floatToFp16(w) : k::floatToBf16(w);
+          ASSERT_EQ(out[i], want) << "type " << static_cast<int>(t) << " n " << n << " element " << i;
+          // Rounding after every step (the default mode's pairs) gives other bits somewhere.
+          uint16_t stepwise = in[0][i];
+          for (int s = 1; s < n; ++s) {
+            uint16_t r;
+            k::reduce(&r, &stepwise, &in[static_cast<size_t>(s)][i], 1, t, ReduceOp::Sum);
+            stepwise = r;
+          }
+          if (op == ReduceOp::Sum && stepwise != want) ++roundedOnceDiffers;
+        }
+        if (op == ReduceOp::Sum && n >= 3) {
+          EXPECT_GT(roundedOnceDiffers, 0) << "n " << n;
+        }
+      }
+    }
+  }
+}
+
+// Integers and min/max have no canonical order to keep (exact in any order): rank order, avg
+// divided once, as the default kernels do.
+TEST(CanonicalKernel, ExactTypesAndOpsKeepTheirResults) {
+  EXPECT_FALSE(k::isCanonicalReduction(DataType::Int32, ReduceOp::Sum));
+  EXPECT_FALSE(k::isCanonicalReduction(DataType::Float32, ReduceOp::Max));
+  EXPECT_TRUE(k::isCanonicalReduction(DataType::Bfloat16, ReduceOp::Avg));
+  const int32_t a[] = {INT32_MAX, -7, 9}, b[] = {1, 3, -9}, c[] = {5, 5, 5};
+  const void* srcs[] = {a, b, c};
+  int32_t out[3];
+  k::reduceCanonical(out, srcs, 3, 3, DataType::Int32, ReduceOp::Sum);
+  EXPECT_EQ(out[0], INT32_MIN + 5);  // wraps
+  EXPECT_EQ(out[1], 1);
+  EXPECT_EQ(out[2], 5);
+  k::reduceCanonical(out, srcs, 3, 3, DataType::Int32, ReduceOp::Min);
+  EXPECT_EQ(out[0], 1);
+  EXPECT_EQ(out[1], -7);
+  k::reduceCanonical(out, srcs, 3, 3, DataType::Int32, ReduceOp::Avg);
+  EXPECT_EQ(out[1], 0);  // (-7 + 3 + 5) / 3
 }

@@ -45,4 +45,20 @@ TEST(Signature, DeviceBuffersAreADifferentCall) {
   EXPECT_NE(loom::signatureMismatch(1, host, 0, other).message.find("on device buffers"), std::string::npos);
 }
 
+// A rank in reproducible mode among ranks that are not: a different call, and the error says so.
+TEST(Signature, ReproducibleModeIsADifferentCall) {
+  const uint64_t plain = loom::makeSignature(SigKind::Reduce, DataType::Float32, ReduceOp::Sum, 131071, 5);
+  const uint64_t repro = loom::inReproducibleMode(plain);
+  EXPECT_TRUE(loom::isInReproducibleMode(repro));
+  EXPECT_FALSE(loom::isInReproducibleMode(plain));
+  EXPECT_FALSE(loom::signaturesAgree(plain, repro));
+  EXPECT_EQ(loom::inReproducibleMode(0), 0u);
+  EXPECT_EQ(loom::describeSignature(repro), "reduce of 5 float32 to rank 131071 (sum) in reproducible mode");
+  EXPECT_EQ(loom::describeSignature(loom::onDeviceBuffers(repro)),
+            "reduce of 5 float32 to rank 131071 (sum) on device buffers in reproducible mode");
+  const loom::Status s = loom::signatureMismatch(2, repro, 0, plain);
+  EXPECT_EQ(s.peer, 2);
+  EXPECT_NE(s.message.find("rank 2 is in reproducible mode where rank 0 is not"), std::string::npos) << s.message;
+}
+
 }  // namespace
