@@ -9,6 +9,7 @@
 #include "comm/device_staging.hpp"
 #include "core/format.hpp"
 #include "core/signature.hpp"
+#include "device/runtime.hpp"
 #include "kernels/reduce.hpp"
 
 namespace loom {
@@ -146,11 +147,15 @@ Work launch(detail::CommImpl& c, Coll kind, Args a, void* stream, bool async) {
   if (canonicalCall(c, kind, a)) sig = inReproducibleMode(sig);
   if (a.device >= 0) {
     sig = onDeviceBuffers(sig);
-    // Reproducible reductions of device buffers are staged through host memory and reduced there
-    // (the device paths reduce in their own orders).
-    if (canonicalCall(c, kind, a))
+    // Reproducible reductions of device buffers: through CUDA IPC with the canonical kernel among
+    // the few ranks one kernel reads, else staged through host memory and reduced there (the
+    // node-aware device path reduces in another order).
+    if (canonicalCall(c, kind, a)) {
+      if (c.size() <= device::kMaxCanonicalInputs && detail::deviceIpcUsable(c, kind, false))
+        return detail::launchOnDeviceIpc(c, kind, a, stream, sig);
       return detail::launchOnDevice(c, kind, a, stream, sig,
                                     [&c, kind, sig](const Args& h, int64_t seq) { runOnHost(c, kind, h, sig, seq); });
+    }
     if (detail::deviceIpcUsable(c, kind, a.counts != nullptr))
       return detail::launchOnDeviceIpc(c, kind, a, stream, sig);
     if (detail::deviceNodesUsable(c, kind)) return detail::launchAcrossNodesOnDevice(c, kind, a, stream, sig);

@@ -125,6 +125,15 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
     auto* out = outBounce != nullptr ? outBounce : static_cast<uint8_t*>(a.recv);
     const int divisor = a.op == ReduceOp::Avg ? n : 1;
     std::vector<const void*> srcs(N);
+    // Reproducible mode: every input of a slice at once along the canonical tree, the CPU's bits.
+    const bool canonical = isInReproducibleMode(sig);
+    auto reduceInto = [&](void* dst, size_t count) {
+      if (canonical) {
+        rt.reduceCanonicalAsync(dst, srcs.data(), n, count, a.type, a.op, work);
+      } else {
+        rt.reduceAsync(dst, srcs.data(), n, count, a.type, a.op, divisor, work);
+      }
+    };
 
     // 3. The work.
     switch (kind) {
@@ -135,7 +144,7 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
         uint8_t* dst = kind == Coll::AllReduce ? out : recvOf[static_cast<size_t>(a.root)];
         if (s.count > 0) {
           for (size_t p = 0; p < N; ++p) srcs[p] = sendOf[p] + s.offset * E;
-          rt.reduceAsync(dst + s.offset * E, srcs.data(), n, s.count, a.type, a.op, divisor, work);
+          reduceInto(dst + s.offset * E, s.count);
         }
         drain();
         barrier(ctx, ar, ++step);
@@ -148,7 +157,7 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
       }
       case Coll::ReduceScatter: {
         for (size_t p = 0; p < N; ++p) srcs[p] = sendOf[p] + ME * a.count * E;
-        rt.reduceAsync(out, srcs.data(), n, a.count, a.type, a.op, divisor, work);
+        reduceInto(out, a.count);
         drain();
         barrier(ctx, ar, ++step);
         break;

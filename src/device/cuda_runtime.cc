@@ -198,6 +198,11 @@ class CudaRuntime final : public DeviceRuntime {
     }
   }
 
+  void reduceCanonicalAsync(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op,
+                            StreamHandle s) override {
+    kernels::cuda::reduceCanonicalN(dst, srcs, n, count, type, op, s);
+  }
+
   void convertAsync(void* dst, DataType dstType, const void* src, DataType srcType, size_t count, float scale,
                     StreamHandle s) override {
     kernels::cuda::convert(dst, dstType, src, srcType, count, scale, s);

@@ -20,6 +20,10 @@ namespace device {
 using StreamHandle = void*;
 using EventHandle = void*;
 
+/// Inputs of one canonical reduction on the device at most (DeviceRuntime::reduceCanonicalAsync):
+/// reproducible reductions take CUDA IPC among at most this many ranks, else the staging path.
+constexpr int kMaxCanonicalInputs = 8;
+
 /// The allocation that holds a device pointer: its range, and an id that no other allocation of
 /// the process has had (CUDA's buffer id), so that memory freed and allocated again at the same
 /// address is told apart from the old.
@@ -101,6 +105,13 @@ class DeviceRuntime {
   /// sources may be other processes' memory opened with ipcOpen); divisor > 1 then divides (avg).
   virtual void reduceAsync(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op,
                            int divisor, StreamHandle s) = 0;
+
+  /// Queues reproducible mode's canonical reduction (kernels::reduceCanonical, the same bits as the
+  /// CPU's): dst[i] = the canonical tree over srcs[0..n)[i], half precision widened to float32 and
+  /// rounded once, avg divided once by n. Float types, sum, avg and prod; 1 <= n <=
+  /// kMaxCanonicalInputs; dst may be one of the sources.
+  virtual void reduceCanonicalAsync(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op,
+                                    StreamHandle s) = 0;
 
   /// Queues dst[i] = src[i] * scale converted between float32 and float16 or bfloat16 (either
   /// way; rounded to nearest even): gradient compression on the device.

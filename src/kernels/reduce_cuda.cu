@@ -210,6 +210,73 @@ __global__ void reduce2Kernel(T* dst, const T* a, const T* b, VectorSplit split,
   }
 }
 
+// ---- Reproducible mode's canonical tree (kernels/reduce_canonical.cc): x alone, or the tree of
+// the first p inputs (p the largest power of two below k) combined with the tree of the rest,
+// unrolled at compile time for each input count so that the values stay in registers. ----
+
+__host__ __device__ constexpr int largestPowerOfTwoBelow(int k) {
+  int p = 1;
+  while (p * 2 < k) p *= 2;
+  return p;
+}
+
+template <typename A, typename Op, int Lo, int K>
+__device__ __forceinline__ A canonicalTree(const A* v) {
+  if constexpr (K == 1) {
+    return v[Lo];
+  } else {
+    constexpr int P = largestPowerOfTwoBelow(K);
+    return Op::apply(canonicalTree<A, Op, Lo, P>(v), canonicalTree<A, Op, Lo + P, K - P>(v));
+  }
+}
+
+template <typename T, typename Op, int N>
+__device__ __forceinline__ typename Acc<T>::A canonicalOf(const Inputs& in, size_t i) {
+  using A = typename Acc<T>::A;
+  A v[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = Acc<T>::in(static_cast<const T*>(in.p[k])[i]);
+  return canonicalTree<A, Op, 0, N>(v);
+}
+
+// One element per thread and step (coalesced loads from every input); dst may be an input.
+template <typename T, typename Op>
+__global__ void canonicalKernel(T* dst, Inputs in, size_t count, bool avg) {
+  using A = typename Acc<T>::A;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count; i += stride) {
+    A r;
+    switch (in.n) {  // the same for every thread: no divergence
+      case 1:
+        r = canonicalOf<T, Op, 1>(in, i);
+        break;
+      case 2:
+        r = canonicalOf<T, Op, 2>(in, i);
+        break;
+      case 3:
+        r = canonicalOf<T, Op, 3>(in, i);
+        break;
+      case 4:
+        r = canonicalOf<T, Op, 4>(in, i);
+        break;
+      case 5:
+        r = canonicalOf<T, Op, 5>(in, i);
+        break;
+      case 6:
+        r = canonicalOf<T, Op, 6>(in, i);
+        break;
+      case 7:
+        r = canonicalOf<T, Op, 7>(in, i);
+        break;
+      default:
+        r = canonicalOf<T, Op, 8>(in, i);
+        break;
+    }
+    if (avg) r = r / static_cast<A>(in.n);  // IEEE division (no fast math): the CPU's bits
+    dst[i] = Acc<T>::out(r);
+  }
+}
+
 __global__ void copy2DKernel(uint8_t* dst, size_t dstPitch, const uint8_t* src, size_t srcPitch, size_t width,
                              size_t rows, VectorSplit split) {
   const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
@@ -356,6 +423,56 @@ void reduceN(void* dst, const void* const* srcs, int n, size_t count, DataType t
   dispatch(dst, in, count, type, op, divisor, stream);
 }
 
+void reduceCanonicalN(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op,
+                      void* stream) {
+  if (n < 1 || n > kMaxInputs) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, strFormat("reduceCanonicalN: %d inputs (1 to %d)", n, kMaxInputs));
+  }
+  if (op != ReduceOp::Sum && op != ReduceOp::Avg && op != ReduceOp::Prod) {
+    LOOM_THROW(ErrorCode::InvalidArgument, -1, "reduceCanonicalN: only sum, avg and prod have a canonical order");
+  }
+  if (count == 0) return;
+  Inputs in{};
+  for (int k = 0; k < n; ++k) in.p[k] = srcs[k];
+  in.n = n;
+  auto s = static_cast<cudaStream_t>(stream);
+  const unsigned grid = gridFor(count);
+  const bool prod = op == ReduceOp::Prod, avg = op == ReduceOp::Avg;
+  switch (type) {
+    case DataType::Float16:
+      if (prod) {
+        canonicalKernel<__half, Prod><<<grid, 512, 0, s>>>(static_cast<__half*>(dst), in, count, false);
+      } else {
+        canonicalKernel<__half, Sum><<<grid, 512, 0, s>>>(static_cast<__half*>(dst), in, count, avg);
+      }
+      break;
+    case DataType::Bfloat16:
+      if (prod) {
+        canonicalKernel<__nv_bfloat16, Prod><<<grid, 512, 0, s>>>(static_cast<__nv_bfloat16*>(dst), in, count, false);
+      } else {
+        canonicalKernel<__nv_bfloat16, Sum><<<grid, 512, 0, s>>>(static_cast<__nv_bfloat16*>(dst), in, count, avg);
+      }
+      break;
+    case DataType::Float32:
+      if (prod) {
+        canonicalKernel<float, Prod><<<grid, 512, 0, s>>>(static_cast<float*>(dst), in, count, false);
+      } else {
+        canonicalKernel<float, Sum><<<grid, 512, 0, s>>>(static_cast<float*>(dst), in, count, avg);
+      }
+      break;
+    case DataType::Float64:
+      if (prod) {
+        canonicalKernel<double, Prod><<<grid, 512, 0, s>>>(static_cast<double*>(dst), in, count, false);
+      } else {
+        canonicalKernel<double, Sum><<<grid, 512, 0, s>>>(static_cast<double*>(dst), in, count, avg);
+      }
+      break;
+    default:
+      LOOM_THROW(ErrorCode::InvalidArgument, -1, "reduceCanonicalN: only float types have a canonical order");
+  }
+  check(cudaGetLastError(), "canonical reduction kernel launch");
+}
+
 void copy2D(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows, void* stream) {
   if (width == 0 || rows == 0) return;
   uintptr_t addrs[4] = {reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src),
@@ -407,6 +524,12 @@ void loadType() {
   load(reduce2Kernel<T, Min>);
 }
 
+template <typename T>
+void loadCanonical() {
+  load(canonicalKernel<T, Sum>);
+  load(canonicalKernel<T, Prod>);
+}
+
 }  // namespace
 
 void preload() {
@@ -420,6 +543,10 @@ void preload() {
   loadType<float>();
   loadType<double>();
   loadType<__nv_bfloat16>();
+  loadCanonical<__half>();
+  loadCanonical<__nv_bfloat16>();
+  loadCanonical<float>();
+  loadCanonical<double>();
   load(copy2DKernel);
   load(convertKernel<__half, float>);
   load(convertKernel<__nv_bfloat16, float>);

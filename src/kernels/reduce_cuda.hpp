@@ -30,6 +30,12 @@ void reduce2(void* dst, const void* a, const void* b, size_t count, DataType typ
 void reduceN(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op, int divisor,
              void* stream);
 
+/// Reproducible mode's canonical reduction (kernels::reduceCanonical, bit for bit): dst[i] = the
+/// canonical tree over srcs[0..n)[i] (1 <= n <= kMaxInputs; dst may be one of them), float16 and
+/// bfloat16 in float32 rounded once, avg divided once by n. Float types and sum, avg, prod only.
+void reduceCanonicalN(void* dst, const void* const* srcs, int n, size_t count, DataType type, ReduceOp op,
+                      void* stream);
+
 /// Copies `rows` rows of `width` bytes, `srcPitch` and `dstPitch` bytes apart (one row: a plain copy).
 void copy2D(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t width, size_t rows, void* stream);
 

@@ -224,6 +224,19 @@ void FakeDevice::reduceAsync(void* dst, const void* const* srcs, int n, size_t c
   });
 }
 
+void FakeDevice::reduceCanonicalAsync(void* dst, const void* const* srcs, int n, size_t count, loom::DataType type,
+                                      loom::ReduceOp op, loom::device::StreamHandle s) {
+  if (count == 0 || n < 1) return;
+  if (!prepared_.load()) noteBreak("a reduction kernel launched before DeviceRuntime::prepare");
+  if (n > loom::device::kMaxCanonicalInputs) noteBreak("a canonical reduction of more inputs than the device takes");
+  ++reductions_;
+  ++canonicalReductions_;
+  std::vector<const void*> in(srcs, srcs + n);
+  enqueue(s, [dst, in, count, type, op] {
+    loom::kernels::reduceCanonical(dst, in.data(), static_cast<int>(in.size()), count, type, op);
+  });
+}
+
 void FakeDevice::convertAsync(void* dst, loom::DataType dstType, const void* src, loom::DataType srcType, size_t count,
                               float scale, loom::device::StreamHandle s) {
   if (!prepared_.load()) noteBreak("a conversion kernel launched before DeviceRuntime::prepare");

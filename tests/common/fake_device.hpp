@@ -46,6 +46,8 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   /// Buffers exported for CUDA IPC, and n-input reductions queued (the IPC path's; staging reduces on the host).
   int ipcExports() const { return exports_.load(); }
   int reductions() const { return reductions_.load(); }
+  /// Of which canonical (reproducible mode's; reduceCanonicalAsync).
+  int canonicalReductions() const { return canonicalReductions_.load(); }
   /// Copies queued (copyAsync, copy2DAsync): staging through host memory makes them.
   int copies() const { return copies_.load(); }
   /// Those of them to or from host memory: staging (device to device copies are not counted).
@@ -87,6 +89,8 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   void freePinned(void* p) noexcept override;
   void waitValue(loom::device::StreamHandle s, volatile uint32_t* flag, uint32_t value) override;
   std::string waitMechanism() override { return "emulated"; }
+  void reduceCanonicalAsync(void* dst, const void* const* srcs, int n, size_t count, loom::DataType type,
+                            loom::ReduceOp op, loom::device::StreamHandle s) override;
   void reduceAsync(void* dst, const void* const* srcs, int n, size_t count, loom::DataType type, loom::ReduceOp op,
                    int divisor, loom::device::StreamHandle s) override;
   void convertAsync(void* dst, loom::DataType dstType, const void* src, loom::DataType srcType, size_t count,
@@ -125,6 +129,7 @@ class FakeDevice final : public loom::device::DeviceRuntime {
   std::map<uintptr_t, Alloc> allocs_;  // start -> allocation
   std::map<void*, size_t> opened_;     // ipcOpen mappings -> bytes
   std::atomic<int> opens_{0}, closes_{0}, exports_{0}, reductions_{0}, copies_{0}, hostCopies_{0}, dmabufExports_{0};
+  std::atomic<int> canonicalReductions_{0};
   std::map<void*, std::shared_ptr<std::atomic<bool>>> events_;
   std::unique_ptr<Stream> default_;
   std::vector<std::unique_ptr<Stream>> streams_;

@@ -826,8 +826,9 @@ INSTANTIATE_TEST_SUITE_P(Paths, DevicePath, ::testing::Values("staged", "ipc"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // Reproducible mode on device buffers: the same bits as the same call on host buffers (which
-// tests/inproc/reproducible_test.cc checks against the canonical tree), whether CUDA IPC is there
-// or not and across nodes; the reductions are staged through host memory, never through IPC.
+// tests/inproc/reproducible_test.cc checks against the canonical tree): through CUDA IPC with the
+// canonical kernel on one node, staged through host memory across nodes and over TCP (never the
+// node-aware device path, which reduces in another order).
 TEST(DeviceReproducible, DeviceBuffersGiveTheHostsBits) {
   for (const char* layout : {"shm", "mixed", "tcp"}) {
     SCOPED_TRACE(layout);
@@ -874,7 +875,10 @@ TEST(DeviceReproducible, DeviceBuffersGiveTheHostsBits) {
           }
         },
         o);
-    EXPECT_EQ(device.dev.ipcExports(), 0) << "a reproducible reduction went through CUDA IPC";
+    const bool ipc = std::string(layout) == "shm";
+    EXPECT_EQ(device.dev.ipcExports() > 0, ipc) << "the path taken is not the one meant";
+    EXPECT_EQ(device.dev.canonicalReductions() > 0, ipc);
+    EXPECT_EQ(device.dev.reductions(), device.dev.canonicalReductions()) << "a reduction in another order";
     EXPECT_EQ(device.dev.stuckWaits(), 0);
   }
 }
