@@ -181,6 +181,11 @@ void broadcastHierarchical(Context& c, const Args& a);
 void allReduceReproducible(Context& c, const Args& a);
 /// The latency-bound form: a recursive doubling that combines along the canonical tree.
 void allReduceReproducibleDoubling(Context& c, const Args& a);
+/// Whether the node-aware form may run: nodes of one power-of-two size L >= 2, node k holding
+/// ranks kL .. kL + L - 1, float32 or float64, a large enough buffer.
+bool reproducibleAcrossNodes(const CommView& comm, const Args& a);
+/// The node-aware form: canonical within nodes, then across them, then gathered within nodes.
+void allReduceReproducibleAcrossNodes(Context& c, const Args& a);
 void reduceReproducible(Context& c, const Args& a);
 void reduceScatterReproducible(Context& c, const Args& a);
 void reduceHierarchical(Context& c, const Args& a);

@@ -121,9 +121,11 @@ void allReduceDirect(Context& c, const Args& a) {
     // Small: every rank reduces the whole buffer from all areas itself, in rank order.
     smallExchange(c, ar, total, callWord(c, Kind::AllReduce, a), in, total, [&](size_t half) {
       if (a.canonical) {
-        std::vector<const void*> srcs;
-        for (int p = 0; p < n; ++p) srcs.push_back(ar.buffers[static_cast<size_t>(p)] + half);
-        kernels::reduceCanonical(out, srcs.data(), n, a.count, a.type, a.op);
+        const void* few[16];  // no allocation on the latency path for up to 16 local ranks
+        std::vector<const void*> many(n > 16 ? static_cast<size_t>(n) : 0);
+        const void** srcs = n > 16 ? many.data() : few;
+        for (int p = 0; p < n; ++p) srcs[p] = ar.buffers[static_cast<size_t>(p)] + half;
+        kernels::reduceCanonical(out, srcs, n, a.count, a.type, a.op);
         return;
       }
       if (n == 1) {

@@ -7,15 +7,22 @@
 // at distance d = 1, 2, 4, ... the ranks of each group [g, g + 2d) combine its lower half's value
 // with its upper half's, lower first (where the upper half is short, its ranks serve the lower
 // half's extra ranks too); half precision travels widened to float32 and is rounded once at the
-// end. Small reduces gather every input on the root and reduce there. Larger calls cut the buffer into one block per
-// rank; each rank receives its block from every peer in pieces and reduces each piece as soon as every peer's has come
-// (a direct reduce-scatter, the ring's bytes in one step), then the reduced pieces go to every peer (all-reduce), the
-// root (reduce) or nowhere (reduce-scatter). Messages of the first half use channel 0, of the second channel 1, so
-// pieces match in order on each.
+// end. Small reduces gather every input on the root and reduce there. Larger calls cut the buffer
+// into one block per rank; each rank receives its block from every peer in pieces and reduces each
+// piece as soon as every peer's has come (a direct reduce-scatter, the ring's bytes in one step),
+// then the reduced pieces go to every peer (all-reduce), the root (reduce) or nowhere
+// (reduce-scatter). Messages of the first half use channel 0, of the second channel 1, so pieces
+// match in order on each.
+//
+// Where every node holds an aligned power-of-two block of ranks, the tree's subtrees are the nodes:
+// a large float32 or float64 all-reduce then reduces within each node first, then across nodes by
+// the ranks of one local index (each over its own slice), then gathers within the node, so that
+// each slice crosses the network once per node rather than once per rank.
 #include <algorithm>
 #include <functional>
 
 #include "collectives/context.hpp"
+#include "collectives/reduce_on_arrival.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 
@@ -25,6 +32,8 @@ namespace {
 
 // Up to this many bytes received in all, a call gathers every input instead of cutting blocks.
 constexpr size_t kGatherAllBytes = size_t{96} << 10;
+// The node-aware form wants every local rank to own a real slice (as hierarchical.cc's 2D form).
+constexpr size_t kAcrossNodesMinElemsPerRank = 16384;
 
 bool gathersAll(const Context& c, size_t bytes) { return bytes * static_cast<size_t>(c.size() - 1) <= kGatherAllBytes; }
 
@@ -118,14 +127,16 @@ void allReduceReproducibleDoubling(Context& c, const Args& a) {
   if (a.count == 0) return;
   const bool half = a.type == DataType::Float16 || a.type == DataType::Bfloat16;
   const DataType acc = half ? DataType::Float32 : a.type;
-  const size_t bytesAcc = a.count * sizeOf(acc);
+  const size_t elemAcc = sizeOf(acc), bytesAcc = a.count * elemAcc;
   const ReduceOp op = a.op == ReduceOp::Avg ? ReduceOp::Sum : a.op;
-  uint8_t* mine = half ? c.scratch(bytesAcc, 0) : bytes(a.recv);  // the running value
+  uint8_t* res = half ? c.scratch(bytesAcc, 0) : bytes(a.recv);  // where the running value goes
   uint8_t* got = c.scratch(bytesAcc, 1);
+  // The running value: the input itself until the first combination (as the default recursive
+  // doubling: no copy, and that first step reduces as the bytes land); half precision widened.
+  const uint8_t* cur = cbytes(a.send);
   if (half) {
-    widen(mine, a.send, a.count, a.type);
-  } else {
-    copyIfDistinct(mine, a.send, bytesAcc);
+    widen(res, a.send, a.count, a.type);
+    cur = res;
   }
   std::vector<RequestPtr> sends;
   for (int d = 1; d < n; d *= 2) {
@@ -133,22 +144,27 @@ void allReduceReproducibleDoubling(Context& c, const Args& a) {
     if (upper >= n) continue;  // this group has no upper half yet
     const int upperSize = std::min(g + 2 * d, n) - upper;
     const bool lower = me < upper;
-    RequestPtr rq;
+    // The partner at distance d, or (past the end) the upper rank that serves this one.
+    const int from = lower ? upper + (me - g) % upperSize : me - d;
+    // Reduced as it lands where the value is still the input (it is sent from there, not from res).
+    const bool onArrival = cur != res;
+    RequestPtr rq = onArrival
+                        ? c.recv(from, got, bytesAcc, 0, ReduceOnArrival::make(res, cur, acc, op, elemAcc, !lower))
+                        : c.recv(from, got, bytesAcc);
     if (lower) {
-      // The partner at distance d, or (past the end) the upper rank that serves this one.
-      rq = c.recv(upper + (me - g) % upperSize, got, bytesAcc);
-      if (me + d < n) sends.push_back(c.send(me + d, mine, bytesAcc));
+      if (me + d < n) sends.push_back(c.send(me + d, cur, bytesAcc));
     } else {
-      rq = c.recv(me - d, got, bytesAcc);
       for (int l = g; l < upper; ++l)
-        if (upper + (l - g) % upperSize == me) sends.push_back(c.send(l, mine, bytesAcc));
+        if (upper + (l - g) % upperSize == me) sends.push_back(c.send(l, cur, bytesAcc));
     }
     c.wait(rq);
     c.waitAll(sends);
-    kernels::reduce(mine, lower ? mine : got, lower ? got : mine, a.count, acc, op);
+    if (!onArrival) kernels::reduce(res, lower ? res : got, lower ? got : res, a.count, acc, op);
+    cur = res;
   }
-  if (a.op == ReduceOp::Avg) kernels::divide(mine, a.count, acc, n);
-  if (half) narrow(a.recv, mine, a.count, a.type);
+  copyIfDistinct(res, cur, bytesAcc);  // one rank alone: nothing was combined
+  if (a.op == ReduceOp::Avg) kernels::divide(res, a.count, acc, n);
+  if (half) narrow(a.recv, res, a.count, a.type);
 }
 
 void allReduceReproducible(Context& c, const Args& a) {
@@ -179,6 +195,64 @@ void allReduceReproducible(Context& c, const Args& a) {
     for (int k = 1; k < n; ++k) reqs.push_back(c.send((me + k) % n, dst + off * E, len * E, 1));
   });
   c.waitAll(reqs);
+}
+
+bool reproducibleAcrossNodes(const CommView& comm, const Args& a) {
+  if (a.type != DataType::Float32 && a.type != DataType::Float64) return false;  // halves: float32 between steps
+  const int nodes = comm.nodeCount(), L = comm.localSize();
+  if (nodes < 2 || L < 2 || (L & (L - 1)) != 0 || a.count < static_cast<size_t>(L) * kAcrossNodesMinElemsPerRank)
+    return false;
+  // Node k must hold ranks kL .. kL + L - 1: then the canonical tree's subtrees of L leaves are the
+  // nodes (L a power of two), and reducing within nodes first is the tree's own order.
+  for (int k = 0; k < nodes; ++k) {
+    const std::vector<int>& on = comm.ranksOnNode(k);
+    if (static_cast<int>(on.size()) != L) return false;
+    for (int j = 0; j < L; ++j)
+      if (on[static_cast<size_t>(j)] != k * L + j) return false;
+  }
+  return true;
+}
+
+void allReduceReproducibleAcrossNodes(Context& c, const Args& a) {
+  const CommView& comm = c.comm();
+  const int nodes = comm.nodeCount(), L = comm.localSize(), l = comm.localRank();
+  const size_t E = a.elem;
+  Args sum = a;
+  if (a.op == ReduceOp::Avg) sum.op = ReduceOp::Sum;
+  // 1. Within the node (channels 6 and 7 of the collective's tag): each local rank reduces its
+  // slice of the node's inputs, the node's subtree of the canonical tree.
+  Context local(c, comm.ranksOnNode(comm.nodeOf(comm.rank())), 6, 2);
+  const auto own = planSegments(a.count, L);
+  const Segment mine = own[static_cast<size_t>(l)];
+  uint8_t* out = bytes(a.recv);
+  uint8_t* dst = out + mine.offset * E;
+  reduceToOwners(local, sum, own, cbytes(a.send), dst, [](size_t, size_t) {});
+  // 2. Across nodes, the ranks of local index l (channels 0-5): the canonical tree over the nodes'
+  // subtrees, which is the whole tree's top.
+  if (mine.count > 0) {
+    std::vector<int> column;
+    for (int k = 0; k < nodes; ++k) column.push_back(k * L + l);
+    Context across(c, column, 0, 6);
+    Args slice = sum;
+    slice.send = slice.recv = dst;
+    slice.count = mine.count;
+    if (gathersAll(across, mine.count * E)) {
+      allReduceReproducibleDoubling(across, slice);
+    } else {
+      allReduceReproducible(across, slice);
+    }
+    if (a.op == ReduceOp::Avg) kernels::divide(dst, mine.count, a.type, c.size());
+  }
+  // 3. Within the node again: every slice to every local rank.
+  std::vector<RequestPtr> reqs;
+  for (int k = 1; k < L; ++k) {
+    const int q = (l - k + L) % L;
+    const Segment& s = own[static_cast<size_t>(q)];
+    if (s.count > 0) reqs.push_back(local.recv(q, out + s.offset * E, s.count * E, 1));
+  }
+  if (mine.count > 0)
+    for (int k = 1; k < L; ++k) reqs.push_back(local.send((l + k) % L, dst, mine.count * E, 1));
+  local.waitAll(reqs);
 }
 
 void reduceScatterReproducible(Context& c, const Args& a) {

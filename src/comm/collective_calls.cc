@@ -74,21 +74,29 @@ bool canonicalCall(const detail::CommImpl& c, Coll kind, const Args& a) {
          kernels::isCanonicalReduction(a.type, a.op);
 }
 
-// The algorithm of a canonical call of `bytes` (runCanonical): the direct all-reduce on one node's
-// arena; the canonical recursive doubling where the cost model would pick recursive doubling (the
-// latency-bound sizes); else the canonical reduce-scatter and gather.
-const char* canonicalAlgo(const detail::CommImpl& c, Coll kind, size_t bytes) {
+// The algorithm of a canonical call (runCanonical): the direct all-reduce on one node's arena; the
+// node-aware form where the nodes are the tree's subtrees and the buffer large; the canonical
+// recursive doubling where the cost model would pick recursive doubling (the latency-bound sizes);
+// else the canonical reduce-scatter and gather.
+const char* canonicalAlgo(const detail::CommImpl& c, Coll kind, const Args& a) {
   if (kind != Coll::AllReduce) return "canonical";
-  if (c.selector() != nullptr && c.selector()->direct()) return "direct";
-  const coll::CostModel m = c.selector() != nullptr ? c.selector()->model() : coll::costModelFor(c.slowestLink());
-  return coll::selectAlgo(kind, bytes, c.size(), m, "") == Algo::RecursiveDoubling ? "canonical-rd" : "canonical";
+  // What the default mode would run (the selector remembers its last choice: no model per call).
+  const size_t bytes = a.count * a.elem;
+  const Algo picked = c.selector() != nullptr
+                          ? c.selector()->pick(kind, bytes, c.size())
+                          : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFor(c.slowestLink()), "");
+  // The direct all-reduce where the selector takes it (from LOOM_SHM_DIRECT_MIN_BYTES up; below,
+  // messages over the node's links are faster than its barrier).
+  if (picked == Algo::Direct && c.selector() != nullptr && c.selector()->direct()) return "direct";
+  if (coll::reproducibleAcrossNodes(c, a)) return "canonical-hier";
+  return picked == Algo::RecursiveDoubling ? "canonical-rd" : "canonical";
 }
 
 // A reproducible reduction: the canonical algorithms (collectives/reproducible.cc), or the direct
 // all-reduce reducing along the canonical tree where every rank shares one node's arena. LOOM_ALGO
 // and the cost model do not apply: no other algorithm is needed for the same bits.
 void runCanonical(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int64_t seq) {
-  const char* algo = canonicalAlgo(c, kind, a.count * a.elem);
+  const char* algo = canonicalAlgo(c, kind, a);
   c.diagnostics().enterCall(seq, sig, algo);
   coll::Context ctx(c, seq, coll::collName(kind), algo, sig);
   if (std::strcmp(algo, "direct") == 0) {
@@ -97,6 +105,7 @@ void runCanonical(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, i
     return coll::allReduceDirect(ctx, b);
   }
   if (std::strcmp(algo, "canonical-rd") == 0) return coll::allReduceReproducibleDoubling(ctx, a);
+  if (std::strcmp(algo, "canonical-hier") == 0) return coll::allReduceReproducibleAcrossNodes(ctx, a);
   if (kind == Coll::AllReduce) return coll::allReduceReproducible(ctx, a);
   if (kind == Coll::Reduce) return coll::reduceReproducible(ctx, a);
   coll::reduceScatterReproducible(ctx, a);
@@ -331,7 +340,8 @@ std::string Communicator::algorithmFor(const std::string& collective, size_t byt
        {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll}) {
     if (collective != coll::collName(k)) continue;
     Args floatSum;  // (Args' defaults: a float32 sum)
-    if (canonicalCall(c, k, floatSum)) return canonicalAlgo(c, k, bytes);
+    floatSum.count = bytes / floatSum.elem;
+    if (canonicalCall(c, k, floatSum)) return canonicalAlgo(c, k, floatSum);
     return coll::algoName(chooseAlgo(c, k, bytes));
   }
   LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),

@@ -2,7 +2,8 @@
 // n inputs combined along one fixed tree over input order, whatever the caller's algorithm.
 //
 // The tree: canon(x[lo, lo + k)) = x[lo] for k = 1, else op(canon(x[lo, lo + p)), canon(x[lo + p,
-// lo + k))) with p the largest power of two below k. It is built streaming, like a binary counter:
+// lo + k))) with p the largest power of two below k. Up to 8 inputs it is unrolled per element;
+// beyond, it is built block by block, streaming, like a binary counter:
 // each input is pushed as a subtree of one leaf, two subtrees of equal size on top are combined,
 // and what remains is combined from the top down. Half-precision inputs are widened to float32
 // and the result rounded once; avg divides the canonical sum once, in the accumulator's type.
@@ -146,12 +147,64 @@ LOOM_INLINE void block(void* dst, const void* const* srcs, int n, size_t offset,
   for (size_t i = 0; i < len; ++i) T::store(dst, offset + i, acc[0][i]);
 }
 
-// dst may be one of srcs: each block is read in full before its result is written. (Functions,
-// not a template: clang does not multiversion templates.)
+// Up to 8 inputs, the common case (ranks of a node, nodes of a job): the tree unrolled at compile
+// time, one pass over the elements with the values in registers.
+constexpr int largestPowerOfTwoBelow(int k) {
+  int p = 1;
+  while (p * 2 < k) p *= 2;
+  return p;
+}
+
+template <typename A, typename Op, int Lo, int K>
+LOOM_INLINE A tree(const A* v) {
+  if constexpr (K == 1) {
+    return v[Lo];
+  } else {
+    constexpr int P = largestPowerOfTwoBelow(K);
+    return Op::f(tree<A, Op, Lo, P>(v), tree<A, Op, Lo + P, K - P>(v));
+  }
+}
+
+template <typename T, typename Op, int N>
+LOOM_INLINE void unrolled(void* dst, const void* const* srcs, size_t count, bool avg) {
+  using A = typename T::Acc;
+  const void* s[N];
+  for (int k = 0; k < N; ++k) s[k] = srcs[k];
+  const A divisor = static_cast<A>(N);
+  for (size_t i = 0; i < count; ++i) {
+    A v[N];
+    for (int k = 0; k < N; ++k) v[k] = T::load(s[k], i);
+    A r = tree<A, Op, 0, N>(v);
+    if (avg) r = r / divisor;
+    T::store(dst, i, r);  // element i read from every input before it is written
+  }
+}
+
+// dst may be one of srcs: each element (unrolled) or block (more inputs) is read in full before its
+// result is written. (Functions, not a template: clang does not multiversion templates.)
 #define LOOM_CANONICAL(NAME, T, OP)                                                          \
   LOOM_CLONES void NAME(void* dst, const void* const* srcs, int n, size_t count, bool avg) { \
-    for (size_t off = 0; off < count; off += kBlock)                                         \
-      block<T, OP>(dst, srcs, n, off, std::min(kBlock, count - off), avg);                   \
+    switch (n) {                                                                             \
+      case 1:                                                                                \
+        return unrolled<T, OP, 1>(dst, srcs, count, avg);                                    \
+      case 2:                                                                                \
+        return unrolled<T, OP, 2>(dst, srcs, count, avg);                                    \
+      case 3:                                                                                \
+        return unrolled<T, OP, 3>(dst, srcs, count, avg);                                    \
+      case 4:                                                                                \
+        return unrolled<T, OP, 4>(dst, srcs, count, avg);                                    \
+      case 5:                                                                                \
+        return unrolled<T, OP, 5>(dst, srcs, count, avg);                                    \
+      case 6:                                                                                \
+        return unrolled<T, OP, 6>(dst, srcs, count, avg);                                    \
+      case 7:                                                                                \
+        return unrolled<T, OP, 7>(dst, srcs, count, avg);                                    \
+      case 8:                                                                                \
+        return unrolled<T, OP, 8>(dst, srcs, count, avg);                                    \
+      default:                                                                               \
+        for (size_t off = 0; off < count; off += kBlock)                                     \
+          block<T, OP>(dst, srcs, n, off, std::min(kBlock, count - off), avg);               \
+    }                                                                                        \
   }
 LOOM_CANONICAL(sumF32, F32, Add)
 LOOM_CANONICAL(prodF32, F32, Mul)

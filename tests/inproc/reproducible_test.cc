@@ -187,6 +187,32 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Reproducible, ::testing::ValuesIn(kLayouts),
                            return std::string(p.param.links) + std::to_string(p.param.ranks);
                          });
 
+// Nodes that hold aligned power-of-two blocks of ranks are the tree's subtrees: large float32 and
+// float64 all-reduces take the node-aware form (within nodes, across, within again), with the same
+// bits; an interleaved placement takes the flat form, with the same bits too.
+TEST(Reproducible, NodeAwareWhereTheNodesAreSubtrees) {
+  for (auto [n, perNode] : {std::pair{4, 2}, std::pair{6, 2}, std::pair{8, 4}}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(perNode) + " per node");
+    loomtest::PerRankOptions nodes(
+        [perNode = perNode](int r, loom::Options& o) { o.hostId = "node-" + std::to_string(r / perNode); });
+    runOk(
+        n,
+        [](loom::Communicator& c) {
+          EXPECT_EQ(c.algorithmFor("all_reduce", 65537 * 4), "canonical-hier");
+          checkEverything(c);
+        },
+        reproducible());
+  }
+  loomtest::PerRankOptions interleaved([](int r, loom::Options& o) { o.hostId = "node-" + std::to_string(r % 2); });
+  runOk(
+      4,
+      [](loom::Communicator& c) {
+        EXPECT_EQ(c.algorithmFor("all_reduce", 65537 * 4), "canonical");
+        checkEverything(c);
+      },
+      reproducible());
+}
+
 // LOOM_ALGO, the pieces' size and the environment switch change nothing in the bits.
 TEST(Reproducible, ForcedAlgorithmsAndPiecesChangeNothing) {
   for (const char* algo : {"ring", "rd", "hd", "dbtree", "direct", "hier", "tree"}) {
