@@ -182,6 +182,10 @@ int printLinks() {
     mine[static_cast<size_t>(p)] = t == "self" ? 0 : t == "shm" ? 1 : t == "tcp" ? 2 : 3;
   }
   c.allGather(mine.data(), all.data(), mine.size(), loom::DataType::Int32);
+  // The links each rank holds now (TCP links are made on first use: those this all-gather used).
+  const int32_t held = c.linkCount();
+  std::vector<int32_t> heldBy(static_cast<size_t>(n));
+  c.allGather(&held, heldBy.data(), 1, loom::DataType::Int32);
   if (me == 0) {
     const char* names[] = {"-", "shm", "tcp", "?"};
     std::printf("# transports of %d ranks on %d node(s): row = rank, column = peer\n%6s", n, c.nodeCount(), "");
@@ -192,7 +196,9 @@ int printLinks() {
       for (int p = 0; p < n; ++p) std::printf(" %4s", names[all[static_cast<size_t>(r * n + p)]]);
       std::printf("\n");
     }
-    std::printf("# rank 0's links:\n");
+    std::printf("# links held after two all-gathers (TCP's are made on first use; LOOM_CONNECT=eager: all at init):");
+    for (int r = 0; r < n; ++r) std::printf(" %d", heldBy[static_cast<size_t>(r)]);
+    std::printf("\n# rank 0's links:\n");
     for (int p = 1; p < n; ++p) std::printf("  %s\n", c.describeLink(p).c_str());
   }
   c.barrier();

@@ -105,8 +105,10 @@ def draw_scale():
     res = render.load("scale")
     if res is None:
         return None
-    rows = [("loom threads", "Loom, ranks as threads", "#1f5fbf", "-"),
-            ("loom processes", "Loom, ranks as processes", "#1f5fbf", "--"),
+    rows = [("loom threads", "Loom, ranks as threads (shared memory)", "#1f5fbf", "-"),
+            ("loom processes", "Loom, ranks as processes (shared memory)", "#1f5fbf", "--"),
+            ("loom threads tcp", "Loom over TCP, ranks as threads", "#d62728", "-"),
+            ("loom processes tcp", "Loom over TCP, ranks as processes", "#d62728", "--"),
             ("gloo threads", "Gloo full mesh, ranks as threads", "#2ca02c", "-")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4), dpi=110)
     for key, label, colour, style in rows:

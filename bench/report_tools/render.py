@@ -366,6 +366,9 @@ def render_faults(res_doc):
 
 SCALE_ROWS = [("loom threads", "Loom, ranks as threads"), ("loom processes", "Loom, ranks as processes"),
               ("gloo threads", "Gloo full mesh, ranks as threads")]
+SCALE_TCP_ROWS = [("loom threads tcp", "Loom over TCP, ranks as threads"),
+                  ("loom processes tcp", "Loom over TCP, ranks as processes"),
+                  ("gloo threads", "Gloo full mesh, ranks as threads")]
 
 
 def ms(v):
@@ -377,28 +380,40 @@ def render_scale(res_doc):
     d = res_doc["data"]
     by = {(r["row"], r["ranks"]): r for r in d["results"]}
     sizes = sorted({r["ranks"] for r in d["results"]})
-    rows, notes = [], []
-    for n in sizes:
-        row = [str(n)]
-        for key, _ in SCALE_ROWS:
-            r = by.get((key, n))
-            if r is None:
-                row += ["", ""] if key == "gloo threads" else ["", "", "", ""]
-                continue
-            if "failed" in r:
-                notes.append(f"{n} ranks, {key}: {r['failed'][:200]}")
-                row += [f"failed ({len(notes)})"] + ([""] if key == "gloo threads" else ["", "", ""])
-                continue
-            if key == "gloo threads":
-                row += [f"{ms(r['init_ms'])} / {ms(r['first_ms'])}", f"{r['links']:.0f} / {r['fds']:.0f}"]
-            else:
-                row += [ms(r["init_ms"]), ms(r["first_ms"]), ms(r["split_ms"]), f"{r['links']:.0f} / {r['fds']:.0f}"]
-        rows.append(row)
-    headers = ["N", "Loom threads: init", "first all-reduce", f"split into {d['groups']}", "links / fds per rank",
-               "Loom processes: init", "first all-reduce", f"split into {d['groups']}", "links / fds per rank",
-               "Gloo full mesh: init / first", "links / fds per rank"]
-    out = [table(headers, rows)]
-    out.append(f"\nMedians of {d['repeats']} runs on {d['cores']} cores; times are the slowest rank's; "
+    notes = []
+
+    def scale_table(keys, first, second):
+        rows = []
+        for n in sizes:
+            row = [str(n)]
+            for key, _ in keys:
+                r = by.get((key, n))
+                if r is None:
+                    row += ["", ""] if key == "gloo threads" else ["", "", "", ""]
+                    continue
+                if "failed" in r:
+                    notes.append(f"{n} ranks, {key}: {r['failed'][:200]}")
+                    row += [f"failed ({len(notes)})"] + ([""] if key == "gloo threads" else ["", "", ""])
+                    continue
+                if key == "gloo threads":
+                    row += [f"{ms(r['init_ms'])} / {ms(r['first_ms'])}", f"{r['links']:.0f} / {r['fds']:.0f}"]
+                else:
+                    row += [ms(r["init_ms"]), ms(r["first_ms"]), ms(r["split_ms"]),
+                            f"{r['links']:.0f} / {r['fds']:.0f}"]
+            if len(row) > 1 and any(row[1:]):
+                rows.append(row)
+        headers = ["N", f"{first}: init", "first all-reduce", f"split into {d['groups']}", "links / fds per rank",
+                   f"{second}: init", "first all-reduce", f"split into {d['groups']}", "links / fds per rank",
+                   "Gloo full mesh: init / first", "links / fds per rank"]
+        return table(headers, rows) if rows else ""
+
+    out = ["Default links (one node: shared memory between every pair, made at init):\n\n",
+           scale_table(SCALE_ROWS, "Loom threads", "Loom processes")]
+    tcp = scale_table(SCALE_TCP_ROWS, "Loom threads over TCP", "Loom processes over TCP")
+    if tcp:
+        out += ["\nEvery pair over TCP (`LOOM_TRANSPORT=tcp`, as between nodes: links made on first use):\n\n", tcp]
+    out.append(f"\nMedians of {d['repeats']} runs on {d['cores']} cores; times are the slowest rank's; links are "
+               "those a rank holds after init and a first all-reduce (processes: and a barrier before it); "
                "descriptors per rank are those opened by init and a first all-reduce (threads: the process's, divided by "
                "N; processes: the most any rank opened, the rank that serves the store holding a socket per rank). "
                "Gloo's init is its full-mesh connect; its first all-reduce is a ring.\n")

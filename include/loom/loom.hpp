@@ -280,6 +280,10 @@ class Communicator {
   std::string transportOf(int peer) const;
   /// One line on that link for logs and tools (transport, rings or sockets, copy path).
   std::string describeLink(int peer) const;
+  /// The peers this rank holds a link to now: those linked at init (shared memory; every peer with
+  /// LOOM_CONNECT=eager) and those linked on first use since (TCP, with LOOM_CONNECT=lazy, the
+  /// default: a link is made the first time an operation needs that peer).
+  int linkCount() const;
   /// The algorithm this communicator runs for `collective` ("all_reduce", "broadcast", "reduce",
   /// "all_gather", "reduce_scatter", "all_to_all") moving `bytes` in all: "ring", "rd", "hd",
   /// "tree", "chain", "dbtree", "pairwise", "hier" (node-aware) or "direct" (one node, through

@@ -135,6 +135,7 @@ class CommImpl : public Progressable, public coll::CommView {
   const LinkProperties& link(int peer) const override { return links_.properties(peer); }
   const LinkProperties& nodeLink() const override { return links_.nodeLink(); }
   std::string describeLink(int peer) { return links_.to(peer).describe(); }
+  int linkCount() const { return links_.linkCount(); }
   /// Registers [addr, addr + bytes) with the transport linking this rank to `peer` (for this rank
   /// itself: the range without keys), for a zero-copy path to that peer; throws Error on failure.
   Registration registerMemory(int peer, const void* addr, size_t bytes) const;

@@ -251,6 +251,7 @@ std::string Communicator::describeLink(int peer) const {
   c.checkPeer(peer, "describeLink");
   return c.describeLink(peer);
 }
+int Communicator::linkCount() const { return live(impl_).linkCount(); }
 const std::string& Communicator::name() const { return live(impl_).name(); }
 bool Communicator::reproducible() const { return live(impl_).reproducible(); }
 std::chrono::milliseconds Communicator::timeout() const { return live(impl_).timeout(); }

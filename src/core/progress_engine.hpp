@@ -69,13 +69,21 @@ class ProgressSource {
   virtual void resume(bool sleeper) noexcept { (void)sleeper; }
   /// Whether a caller's thread polls this source now (between ProgressEngine::pollBegin and
   /// pollEnd): the engine stays off it meanwhile.
-  bool polled() const noexcept { return pollers_.load(std::memory_order_acquire) > 0; }
+  bool polled() const noexcept { return pollersOf_->load(std::memory_order_acquire) > 0; }
   /// The engine it was added to, or null.
   ProgressEngine* engine() const noexcept { return engine_; }
+  /// This source is driven through `front`, the source its engine holds (a link made after the
+  /// engine was sealed, behind the stand-in that was added in its place): polled() and engine()
+  /// answer front's. Before the source is used; `front` outlives it.
+  void drivenThrough(const ProgressSource& front) noexcept {
+    pollersOf_ = &front.pollers_;
+    engine_ = front.engine_;
+  }
 
  private:
   friend class ProgressEngine;
   std::atomic<int> pollers_{0};
+  const std::atomic<int>* pollersOf_ = &pollers_;
   ProgressEngine* engine_ = nullptr;
 };
 

@@ -4,9 +4,26 @@
 
 #include "core/descriptors.hpp"
 #include "core/format.hpp"
+#include "core/logging.hpp"
+#include "core/param.hpp"
+#include "transport/on_demand_connection.hpp"
 #include "transport/self_connection.hpp"
 
 namespace loom {
+namespace {
+
+LOOM_PARAM_STR(connectParam, "LOOM_CONNECT", "lazy",
+               "lazy: a TCP link is made the first time an operation needs that peer (a job that only all-reduces "
+               "holds O(log N) links per rank); eager: every peer is linked at init (a full mesh)");
+
+bool lazyLinks(int rank) {
+  const std::string v = connectParam();
+  if (v == "lazy" || v.empty()) return true;
+  if (v == "eager") return false;
+  LOOM_THROW(ErrorCode::InvalidArgument, rank, "LOOM_CONNECT=" + v + ": expected lazy or eager");
+}
+
+}  // namespace
 
 LinkTable::LinkTable(int rank, int size) : rank_(rank), size_(size), engine_(rank), sendEngine_(rank) {}
 
@@ -59,9 +76,13 @@ void LinkTable::connect(TransportContext& ctx) {
     }
     peersOf[t].push_back(r);
   }
+  // Links made on first use hold no descriptor yet: room is made for them when they are.
+  const bool lazy = lazyLinks(rank_);
+  const auto onDemand = [&](size_t t) { return lazy && transports_[t]->linksOnDemand(); };
   size_t descriptors = 0;
   for (size_t t = 0; t < transports_.size(); ++t)
-    descriptors += peersOf[t].size() * static_cast<size_t>(std::max(0, transports_[t]->descriptorsPerLink(ctx)));
+    if (!onDemand(t))
+      descriptors += peersOf[t].size() * static_cast<size_t>(std::max(0, transports_[t]->descriptorsPerLink(ctx)));
   // Promised to these links until they are open (ranks as threads of one process connect at once).
   struct Promise {
     size_t n;
@@ -69,13 +90,30 @@ void LinkTable::connect(TransportContext& ctx) {
       if (n > 0) releaseDescriptors(n);
     }
   } promise{0};
+  // Those made on first use: room for what a job that only runs collectives links (about
+  // 2 log2 N peers), asked for now so that the soft limit is raised once, not failed on later.
+  size_t likely = 0;
+  for (size_t t = 0; t < transports_.size(); ++t) {
+    if (!onDemand(t)) continue;
+    size_t logN = 0;
+    while ((size_t{1} << logN) < static_cast<size_t>(size_)) ++logN;
+    likely += std::min(peersOf[t].size(), 2 * logN + 2) *
+              static_cast<size_t>(std::max(0, transports_[t]->descriptorsPerLink(ctx)));
+  }
+  if (likely > 0) {
+    const std::string why = makeRoomForDescriptors(likely);
+    if (why.empty())
+      releaseDescriptors(likely);
+    else
+      LOOM_INFO("links made on first use may run short of descriptors: %s", why.c_str());
+  }
   if (descriptors > 0) {
     const std::string why = makeRoomForDescriptors(descriptors);
     promise.n = why.empty() ? descriptors : 0;
     if (!why.empty()) {
       LOOM_THROW(ErrorCode::System, rank_,
                  strFormat("cannot link %d peers: %s. Raise the limit (ulimit -n), or use fewer sockets per peer "
-                           "(LOOM_SOCKETS_PER_PEER)",
+                           "(LOOM_SOCKETS_PER_PEER), or link on first use (LOOM_CONNECT=lazy)",
                            size_ - 1, why.c_str()));
     }
   }
@@ -86,7 +124,16 @@ void LinkTable::connect(TransportContext& ctx) {
   props_.assign(n, selfLinkProperties());
   for (size_t t = 0; t < transports_.size(); ++t) {
     if (peersOf[t].empty()) continue;
-    auto conns = transports_[t]->connect(ctx, peersOf[t]);
+    std::vector<std::unique_ptr<Connection>> conns;
+    if (onDemand(t)) {
+      // Stand-ins, driven by the receive engine as the links made behind them will be.
+      for (int peer : peersOf[t]) {
+        conns.push_back(std::make_unique<OnDemandConnection>(rank_, peer, transports_[t].get()));
+        engine_.add(conns.back().get());
+      }
+    } else {
+      conns = transports_[t]->connect(ctx, peersOf[t]);
+    }
     for (size_t i = 0; i < peersOf[t].size(); ++i) {
       const auto p = static_cast<size_t>(peersOf[t][i]);
       conns_[p] = std::move(conns[i]);
@@ -108,6 +155,8 @@ void LinkTable::connect(TransportContext& ctx) {
   }
   conns_[static_cast<size_t>(rank_)] = std::make_unique<SelfConnection>(rank_);
   for (auto& c : conns_) c->attachAnySource(&anySource_);
+  for (size_t t = 0; t < transports_.size(); ++t)
+    if (!peersOf[t].empty() && onDemand(t)) transports_[t]->linkOnDemand(ctx, peersOf[t], this);
   for (auto* e : engines_) e->seal();
   // The transports' services, found once here (every collective asks).
   for (const auto& t : transports_) {
@@ -117,6 +166,29 @@ void LinkTable::connect(TransportContext& ctx) {
       ipcCache_ = p->ipcCache();
   }
 }
+
+bool LinkTable::linked(int peer) const {
+  if (peer == rank_) return false;
+  const auto* c = dynamic_cast<const OnDemandConnection*>(conns_[static_cast<size_t>(peer)].get());
+  return c == nullptr || c->linked();
+}
+
+int LinkTable::linkCount() const {
+  int n = 0;
+  for (int r = 0; r < size_; ++r) n += linked(r) ? 1 : 0;
+  return n;
+}
+
+void LinkTable::adopt(int peer, Connection& conn) {
+  conn.drivenThrough(*conns_[static_cast<size_t>(peer)]);
+  conn.attachAnySource(&anySource_);
+}
+
+void LinkTable::linked(int peer, std::unique_ptr<Connection> conn) noexcept {
+  static_cast<OnDemandConnection&>(*conns_[static_cast<size_t>(peer)]).install(std::move(conn));
+}
+
+void LinkTable::linkFailed(int peer, const Status& why) noexcept { conns_[static_cast<size_t>(peer)]->failAll(why); }
 
 RegistrationStats LinkTable::registrationStats(int peer) const {
   Transport* t = transportTo_[static_cast<size_t>(peer)];

@@ -5,10 +5,13 @@
 // Transport, and no transport starts a thread of its own.
 //
 // Set-up, in join order: publish() makes the allowed transports and writes their endpoints into
-// the store; once every rank has joined and the node map is known, connect() links each peer by
-// the first transport that reaches it (every rank runs the transports in one order, and each one
-// waits only on the peers it links, so no two ranks wait on each other crosswise), and this rank
-// to itself by a SelfConnection.
+// the store; once every rank has joined and the node map is known, connect() gives each peer the
+// first transport that reaches it and links it (every rank runs the transports in one order, and
+// each one waits only on the peers it links, so no two ranks wait on each other crosswise), and
+// this rank to itself by a SelfConnection. With LOOM_CONNECT=lazy (the default), a transport that
+// can link one peer when either side first needs it (Transport::linksOnDemand: TCP) links nothing
+// at init: each of its peers gets a stand-in (on_demand_connection.hpp) that asks for the link on
+// the first send or receive, so that a rank holds the links its operations use and no more.
 //
 // Tear-down: close(bye) stops the engines, fails every pending
 // request with `bye` (peers still linked hear it) and destroys the links; destroying a table that
@@ -29,7 +32,7 @@
 
 namespace loom {
 
-class LinkTable {
+class LinkTable : private LinkSink {
  public:
   /// Starts the progress engines; their log lines show `rank`.
   LinkTable(int rank, int size);
@@ -48,6 +51,10 @@ class LinkTable {
   /// The transport's name linking to `peer` ("self" for this rank), for logs.
   const std::string& transportOf(int peer) const { return names_[static_cast<size_t>(peer)]; }
   const LinkProperties& properties(int peer) const { return props_[static_cast<size_t>(peer)]; }
+  /// Whether the link to `peer` is up (made at init, or on first use since); false for this rank.
+  bool linked(int peer) const;
+  /// The peers this rank holds a link to now.
+  int linkCount() const;
   /// The link two ranks of one node get, decided alike on every rank (a rank alone on its node
   /// included): the first transport that reaches a peer when every rank shares this node.
   const LinkProperties& nodeLink() const { return nodeLink_; }
@@ -85,6 +92,10 @@ class LinkTable {
 
  private:
   void stopThreads() noexcept;
+  // LinkSink: links made on first use.
+  void adopt(int peer, Connection& conn) override;
+  void linked(int peer, std::unique_ptr<Connection> conn) noexcept override;
+  void linkFailed(int peer, const Status& why) noexcept override;
 
   const int rank_;
   const int size_;

@@ -48,8 +48,11 @@ class TagMatcher {
   /// A receive on `tag` is posted: the earliest unexpected message on the tag, taken out of the
   /// matcher, or nothing (then call post()).
   std::optional<Message> takeMessage(uint32_t tag) { return takeFirst(unexpected_, tag); }
-  /// Queues a receive that no message has matched yet.
-  void post(uint32_t tag, Recv r) { posted_.push_back(Entry<Recv>{tag, stampNow(), std::move(r)}); }
+  /// Queues a receive that no message has matched yet; `posted`: when it was posted, if before now
+  /// (RecvSpec::posted), else 0.
+  void post(uint32_t tag, Recv r, uint64_t posted = 0) {
+    posted_.push_back(Entry<Recv>{tag, posted != 0 && hub_ != nullptr ? posted : stampNow(), std::move(r)});
+  }
 
   /// A message on `tag` arrives: the earliest posted receive on the tag (of this link, or from
   /// any source), taken out of the matcher, or nothing (then call keep()).

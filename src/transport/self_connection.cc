@@ -38,7 +38,7 @@ void SelfConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept
   if (auto s = matcher_.takeMessage(tag)) {
     match(*s, op, tag);
   } else {
-    matcher_.post(tag, op);
+    matcher_.post(tag, op, spec.posted);
   }
 }
 

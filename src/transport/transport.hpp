@@ -58,6 +58,10 @@ struct RecvSpec {
   /// Takes the bytes as they land, where the transport can hand them on (core/receive_consumer.hpp),
   /// setting Request::consumed; null: the bytes go to `buf`.
   std::shared_ptr<ReceiveConsumer> consumer;
+  /// When the receive was posted (AnySource::stamp()), where that was before it reached the link
+  /// (a stand-in kept it until the link was up: on_demand_connection.hpp), so that it keeps its
+  /// place against receives from any source; 0: now.
+  uint64_t posted = 0;
 };
 
 /// A link to one peer. What drives it is the ProgressSource it is (core/progress_engine.hpp):
@@ -117,6 +121,21 @@ struct TransportContext {
   std::function<std::string(int peer, std::chrono::milliseconds wait)> lastWordOf;
 };
 
+/// Where a transport that links on first use (Transport::linksOnDemand) hands the links it makes
+/// after init: the link table, which holds a stand-in Connection per peer until then.
+class LinkSink {
+ public:
+  virtual ~LinkSink() = default;
+  /// Readies a new link to `peer` before it starts to move bytes: it is driven through the
+  /// stand-in the engines hold (ProgressSource::drivenThrough; the link adds no source of its own)
+  /// and joins the communicator's receives from any source.
+  virtual void adopt(int peer, Connection& conn) = 0;
+  /// `peer`'s link is up (either side asked for it). Once per peer; any thread.
+  virtual void linked(int peer, std::unique_ptr<Connection> conn) noexcept = 0;
+  /// `peer` could not be linked: what waits on it fails with `why`. Any thread.
+  virtual void linkFailed(int peer, const Status& why) noexcept = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -143,6 +162,22 @@ class Transport {
   }
   /// Connects to every rank in `peers`, all ranks at once; returns connections indexed like peers.
   virtual std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) = 0;
+
+  // ---- Links on first use (LOOM_CONNECT=lazy). A transport that can set up the link to one peer
+  // when either side first needs it, without the other side's application thread, says so; the
+  // link table then calls linkOnDemand instead of connect, and linkTo when a peer is first used.
+  virtual bool linksOnDemand() const { return false; }
+  /// Instead of connect(), on every rank at once: from now on links with `peers` are made when
+  /// either side asks (linkTo here, or the peer's) and handed to `sink`. ctx and sink outlive the
+  /// transport's links.
+  virtual void linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) {
+    (void)ctx;
+    (void)peers;
+    (void)sink;
+  }
+  /// Starts linking to `peer` (one of linkOnDemand's), unless that is under way or done; the
+  /// outcome reaches the sink. Never blocks; any thread.
+  virtual void linkTo(int peer) noexcept { (void)peer; }
   /// Registers [addr, addr + bytes) for this transport's links (registration.hpp): a transport
   /// whose properties say needsRegistration touches only registered memory in place, and keeps
   /// registrations for reuse in its RegistrationCache. The range stays registered while the result

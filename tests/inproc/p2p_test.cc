@@ -554,6 +554,8 @@ TEST(P2P, ListenersStayInsideLoomPortRange) {
   const std::string range = std::to_string(lo) + "-" + std::to_string(lo + 7);
   setenv("LOOM_PORT_RANGE", range.c_str(), 1);
   loomtest::runOk(3, [&](loom::Communicator& c) {
+    int32_t mine[3] = {0, 1, 2}, theirs[3];
+    c.allToAll(mine, theirs, 1, DataType::Int32);  // links every pair (TCP links are made on first use)
     for (int p = c.rank() + 1; p < c.size(); ++p) {
       const std::string d = c.describeLink(p);  // "... -> 192.0.2.2:41003"
       const int port = std::atoi(d.substr(d.rfind(':') + 1).c_str());

@@ -358,7 +358,7 @@ void IbConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std:
   if (closed_ && !(kept && static_cast<Msg>((*kept)->h.type) == Msg::Eager)) return req->fail(closedStatus_);
   std::shared_ptr<RecvOp> op = makeRecv(req, spec);
   if (!kept) {
-    matcher_.post(spec.tag, std::move(op));
+    matcher_.post(spec.tag, std::move(op), spec.posted);
     return;
   }
   const Unexpected& u = **kept;

@@ -179,7 +179,7 @@ void ShmConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std
   if (closed_ && !kept) return req->fail(closedStatus_);
   std::shared_ptr<RecvOp> op = makeRecv(req, spec);
   if (!kept) {
-    matcher_.post(tag, std::move(op));
+    matcher_.post(tag, std::move(op), spec.posted);
     return;
   }
   std::shared_ptr<Unexpected> u = std::move(*kept);

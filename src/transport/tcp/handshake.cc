@@ -28,20 +28,15 @@ LOOM_PARAM_INT(keepaliveParam, "LOOM_TCP_KEEPALIVE_S", 10,
 
 constexpr char kAcceptorMagic[8] = {'L', 'O', 'O', 'M', 'P', 'E', 'A', '1'};
 constexpr char kConnectorMagic[8] = {'L', 'O', 'O', 'M', 'P', 'E', 'C', '1'};
-constexpr size_t kAcceptorHello = 24;
-constexpr size_t kIdsBytes = 32;
-constexpr size_t kConnectorHello = 8 + 16 + kIdsBytes + 32;
-constexpr size_t kProof = 32;
+using wire::kAcceptorHello;
+using wire::kConnectorHello;
+using wire::kIdsBytes;
+using wire::kProof;
 // How long an inbound stranger may take to prove itself before it is turned away.
 constexpr std::chrono::seconds kStrangerGrace(10);
 constexpr std::chrono::milliseconds kRetryAfter(50);
 
-struct Ids {
-  Nonce commId;
-  uint32_t from, to, index, count;
-};
-
-void encodeIds(const Ids& ids, uint8_t* out) {
+void encodeIds(const wire::Ids& ids, uint8_t* out) {
   std::memcpy(out, ids.commId.data(), 16);
   storewire::putU32(out + 16, ids.from);
   storewire::putU32(out + 20, ids.to);
@@ -49,8 +44,8 @@ void encodeIds(const Ids& ids, uint8_t* out) {
   storewire::putU32(out + 28, ids.count);
 }
 
-Ids decodeIds(const uint8_t* in) {
-  Ids ids;
+wire::Ids decodeIds(const uint8_t* in) {
+  wire::Ids ids;
   std::memcpy(ids.commId.data(), in, 16);
   ids.from = storewire::getU32(in + 16);
   ids.to = storewire::getU32(in + 20);
@@ -61,18 +56,96 @@ Ids decodeIds(const uint8_t* in) {
 
 }  // namespace
 
+namespace wire {
+
+void acceptorHello(const Nonce& mine, uint8_t out[kAcceptorHello]) {
+  std::memcpy(out, kAcceptorMagic, 8);
+  std::memcpy(out + 8, mine.data(), 16);
+}
+
+bool acceptorMagic(const uint8_t* msg, size_t n) {
+  return std::memcmp(msg, kAcceptorMagic, std::min<size_t>(n, 8)) == 0;
+}
+
+bool connectorMagic(const uint8_t* msg, size_t n) {
+  return std::memcmp(msg, kConnectorMagic, std::min<size_t>(n, 8)) == 0;
+}
+
+void connectorHello(const JobKey& key, const uint8_t* hello, const Ids& ids, Nonce* mine, Nonce* theirs,
+                    uint8_t out[kConnectorHello]) {
+  std::memcpy(theirs->data(), hello + 8, 16);
+  *mine = randomNonce();
+  std::memcpy(out, kConnectorMagic, 8);
+  std::memcpy(out + 8, mine->data(), 16);
+  encodeIds(ids, out + 24);
+  Mac mac = computeMac(key, "peer-client", *theirs, *mine, out + 24, kIdsBytes);
+  std::memcpy(out + 24 + kIdsBytes, mac.data(), 32);
+}
+
+bool checkConnectorHello(const JobKey& key, const Nonce& mine, const uint8_t* msg, Ids* ids, Nonce* theirs) {
+  std::memcpy(theirs->data(), msg + 8, 16);
+  const uint8_t* idsBytes = msg + 24;
+  if (!macEqual(computeMac(key, "peer-client", mine, *theirs, idsBytes, kIdsBytes), idsBytes + kIdsBytes)) return false;
+  *ids = decodeIds(idsBytes);
+  return true;
+}
+
+void acceptorAnswer(const JobKey& key, const Nonce& mine, const Nonce& theirs, const Ids& ids, bool yield,
+                    uint8_t out[kProof]) {
+  uint8_t idsBytes[kIdsBytes];
+  encodeIds(ids, idsBytes);
+  Mac mac = computeMac(key, yield ? "peer-yield" : "peer-server", theirs, mine, idsBytes, kIdsBytes);
+  std::memcpy(out, mac.data(), kProof);
+}
+
+Answer checkAcceptorAnswer(const JobKey& key, const Nonce& mine, const Nonce& theirs, const Ids& ids,
+                           const uint8_t* msg) {
+  uint8_t idsBytes[kIdsBytes];
+  encodeIds(ids, idsBytes);
+  if (macEqual(computeMac(key, "peer-server", mine, theirs, idsBytes, kIdsBytes), msg)) return Answer::Proof;
+  if (macEqual(computeMac(key, "peer-yield", mine, theirs, idsBytes, kIdsBytes), msg)) return Answer::Yield;
+  return Answer::Wrong;
+}
+
+}  // namespace wire
+
+int HandshakeSocket::readStep(size_t need) {
+  uint8_t tmp[wire::kConnectorHello];
+  const size_t want = std::min(need - std::min(need, buf.size()), sizeof tmp);
+  const ssize_t n = ::recv(sock.fd(), tmp, want, MSG_DONTWAIT);
+  if (n == 0) {
+    errno = 0;
+    return -1;
+  }
+  if (n < 0) return errno == EAGAIN || errno == EINTR ? 0 : -1;
+  buf.insert(buf.end(), tmp, tmp + n);
+  return buf.size() >= need ? 1 : 0;
+}
+
+Socket dialFrom(const Interface& from, const SockAddr& target, std::string* error) {
+  Socket s(::socket(target.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s.valid()) {
+    const int err = errno;
+    *error = "socket: " + errnoText(err);
+    errno = err;
+    return s;
+  }
+  SockAddr local = from.addr;
+  local.setPort(0);
+  if (local.family() == target.family()) (void)::bind(s.fd(), local.raw(), local.length());
+  if (::connect(s.fd(), target.raw(), target.length()) != 0 && errno != EINPROGRESS) {
+    const int err = errno;
+    *error = strFormat("%s: %s", target.toString().c_str(), errnoText(err).c_str());
+    s.reset();
+    errno = err;
+  }
+  return s;
+}
+
 // One socket being set up, either direction.
-struct Handshakes::Pending {
+struct Handshakes::Pending : HandshakeSocket {
   enum State { Connecting, ReadHello, ReadProof, ReadClientHello, Done } state;
-  Socket sock;
-  int peer = -1;
-  int index = 0;
-  Nonce mine{};
-  Nonce theirs{};
-  std::vector<uint8_t> buf;
-  Clock::time_point since;
   Clock::time_point retryAt;
-  std::string remote;
   SockAddr target;  // connecting: the peer's listener for this socket
   size_t from = 0;  // connecting: this rank's interface for it
 };
@@ -165,13 +238,8 @@ void Handshakes::connectDue() {
   const auto now = Clock::now();
   for (auto& p : pending_) {
     if (p->state != Pending::Connecting || p->sock.valid() || now < p->retryAt) continue;
-    Socket s(::socket(p->target.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    // From this rank's interface for the socket, so that each socket keeps to its rail.
-    SockAddr from = ifaces_[p->from].addr;
-    from.setPort(0);
-    if (from.family() == p->target.family()) (void)::bind(s.fd(), from.raw(), from.length());
-    if (::connect(s.fd(), p->target.raw(), p->target.length()) != 0 && errno != EINPROGRESS) {
-      lastError_ = strFormat("%s: %s", p->remote.c_str(), errnoText(errno).c_str());
+    Socket s = dialFrom(ifaces_[p->from], p->target, &lastError_);
+    if (!s.valid()) {
       p->retryAt = now + kRetryAfter;
       continue;
     }
@@ -190,8 +258,7 @@ void Handshakes::acceptNewcomers(size_t listener) {
     p->since = Clock::now();
     p->mine = randomNonce();
     uint8_t hello[kAcceptorHello];
-    std::memcpy(hello, kAcceptorMagic, 8);
-    std::memcpy(hello + 8, p->mine.data(), 16);
+    wire::acceptorHello(p->mine, hello);
     if (sendAll(c, hello, sizeof(hello), Deadline(std::chrono::milliseconds(1000))) != 0) continue;
     pending_.push_back(std::move(p));
   }
@@ -211,21 +278,18 @@ void Handshakes::advance(Pending& p, short revents) {
   const size_t need = p.state == Pending::ReadHello   ? kAcceptorHello
                       : p.state == Pending::ReadProof ? kProof
                                                       : kConnectorHello;
-  uint8_t tmp[kConnectorHello];
-  ssize_t n = ::recv(p.sock.fd(), tmp, need - p.buf.size(), MSG_DONTWAIT);
-  if (n <= 0) {
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    return drop(p, n == 0 ? "closed during the handshake" : errnoText(errno), p.state == Pending::ReadClientHello);
-  }
-  p.buf.insert(p.buf.end(), tmp, tmp + n);
-  const char* magic = p.state == Pending::ReadHello ? kAcceptorMagic : kConnectorMagic;
-  if (p.state != Pending::ReadProof && std::memcmp(p.buf.data(), magic, std::min<size_t>(p.buf.size(), 8)) != 0) {
+  const int step = p.readStep(need);
+  if (step < 0)
+    return drop(p, errno == 0 ? "closed during the handshake" : errnoText(errno), p.state == Pending::ReadClientHello);
+  const bool magic = p.state == Pending::ReadHello ? wire::acceptorMagic(p.buf.data(), p.buf.size())
+                                                   : wire::connectorMagic(p.buf.data(), p.buf.size());
+  if (p.state != Pending::ReadProof && !magic) {
     if (p.state == Pending::ReadClientHello)
       return drop(p, "it does not speak Loom's protocol (a stray client or port scanner?)", true);
     LOOM_THROW_PEER(ErrorCode::Remote, ctx_.rank, p.peer,
                     strFormat("%s, published as rank %d's address, is not a Loom peer", p.remote.c_str(), p.peer));
   }
-  if (p.buf.size() < need) return;
+  if (step == 0) return;
   switch (p.state) {
     case Pending::ReadHello:
       return onAcceptorHello(p);
@@ -238,16 +302,8 @@ void Handshakes::advance(Pending& p, short revents) {
 
 // Connecting side: the acceptor's nonce came; send ours, the ids and the proof of the key.
 void Handshakes::onAcceptorHello(Pending& p) {
-  std::memcpy(p.theirs.data(), p.buf.data() + 8, 16);
-  p.mine = randomNonce();
-  Ids ids{ctx_.commId, static_cast<uint32_t>(ctx_.rank), static_cast<uint32_t>(p.peer), static_cast<uint32_t>(p.index),
-          static_cast<uint32_t>(sockets_)};
   uint8_t msg[kConnectorHello];
-  std::memcpy(msg, kConnectorMagic, 8);
-  std::memcpy(msg + 8, p.mine.data(), 16);
-  encodeIds(ids, msg + 24);
-  Mac mac = computeMac(ctx_.key, "peer-client", p.theirs, p.mine, msg + 24, kIdsBytes);
-  std::memcpy(msg + 24 + kIdsBytes, mac.data(), 32);
+  wire::connectorHello(ctx_.key, p.buf.data(), idsOf(p), &p.mine, &p.theirs, msg);
   if (sendAll(p.sock.fd(), msg, sizeof(msg), Deadline(std::chrono::milliseconds(5000))) != 0)
     return drop(p, "handshake send failed", false);
   p.state = Pending::ReadProof;
@@ -256,11 +312,7 @@ void Handshakes::onAcceptorHello(Pending& p) {
 
 // Connecting side: the acceptor proved the same key for these ids: the socket is formed.
 void Handshakes::onAcceptorProof(Pending& p) {
-  uint8_t idsBytes[kIdsBytes];
-  encodeIds(Ids{ctx_.commId, static_cast<uint32_t>(ctx_.rank), static_cast<uint32_t>(p.peer),
-                static_cast<uint32_t>(p.index), static_cast<uint32_t>(sockets_)},
-            idsBytes);
-  if (!macEqual(computeMac(ctx_.key, "peer-server", p.mine, p.theirs, idsBytes, kIdsBytes), p.buf.data())) {
+  if (wire::checkAcceptorAnswer(ctx_.key, p.mine, p.theirs, idsOf(p), p.buf.data()) != wire::Answer::Proof) {
     LOOM_THROW_PEER(ErrorCode::InvalidUsage, ctx_.rank, p.peer,
                     strFormat("the process at %s (rank %d's published address) proved a different job key: are "
                               "two jobs mixed up? give every rank of a job the same LOOM_JOB_KEY",
@@ -271,10 +323,8 @@ void Handshakes::onAcceptorProof(Pending& p) {
 
 // Accepting side: check the connector's proof and identity, then prove ours.
 void Handshakes::onConnectorHello(Pending& p) {
-  std::memcpy(p.theirs.data(), p.buf.data() + 8, 16);
-  const uint8_t* idsBytes = p.buf.data() + 24;
-  Ids ids = decodeIds(idsBytes);
-  if (!macEqual(computeMac(ctx_.key, "peer-client", p.mine, p.theirs, idsBytes, kIdsBytes), idsBytes + kIdsBytes))
+  wire::Ids ids;
+  if (!wire::checkConnectorHello(ctx_.key, p.mine, p.buf.data(), &ids, &p.theirs))
     return drop(p, "wrong job key (another job, or a stray client)", true);
   if (ids.commId != ctx_.commId) return drop(p, "it belongs to another communicator of this job", true);
   const int from = static_cast<int>(ids.from);
@@ -284,10 +334,16 @@ void Handshakes::onConnectorHello(Pending& p) {
     return drop(
         p, strFormat("unexpected link (from %u to %u, socket %u of %u)", ids.from, ids.to, ids.index, ids.count), true);
   }
-  Mac proof = computeMac(ctx_.key, "peer-server", p.theirs, p.mine, idsBytes, kIdsBytes);
-  if (sendAll(p.sock.fd(), proof.data(), proof.size(), Deadline(std::chrono::milliseconds(5000))) != 0)
+  uint8_t proof[kProof];
+  wire::acceptorAnswer(ctx_.key, p.mine, p.theirs, ids, false, proof);
+  if (sendAll(p.sock.fd(), proof, sizeof(proof), Deadline(std::chrono::milliseconds(5000))) != 0)
     return drop(p, "handshake send failed", true);
   finish(p, from, ids.index);
+}
+
+wire::Ids Handshakes::idsOf(const Pending& p) const {
+  return wire::Ids{ctx_.commId, static_cast<uint32_t>(ctx_.rank), static_cast<uint32_t>(p.peer),
+                   static_cast<uint32_t>(p.index), static_cast<uint32_t>(sockets_)};
 }
 
 void Handshakes::drop(Pending& p, const std::string& why, bool stray) {

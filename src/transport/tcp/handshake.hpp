@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "bootstrap/auth.hpp"
 #include "core/progress_engine.hpp"
 #include "net/interfaces.hpp"
 #include "net/socket.hpp"
@@ -25,6 +26,63 @@ namespace tcp {
 
 /// A peer's published endpoints: per interface, its listening address and the interface's name.
 using Endpoints = std::vector<std::pair<SockAddr, std::string>>;
+
+// The handshake's messages (tcp_transport.hpp), for Handshakes and for links made on first use
+// (on_demand_links.hpp). The acceptor may answer a connector's hello with a yield instead of its
+// proof: both ranks of a pair dialled at once, and the lower rank's dial is the one kept.
+namespace wire {
+
+constexpr size_t kAcceptorHello = 24;
+constexpr size_t kIdsBytes = 32;
+constexpr size_t kConnectorHello = 8 + 16 + kIdsBytes + 32;
+constexpr size_t kProof = 32;
+
+/// Who a socket links: this communicator, from the connector to the acceptor, stream index of count.
+struct Ids {
+  Nonce commId;
+  uint32_t from, to, index, count;
+};
+
+/// The acceptor's first message: magic and its nonce.
+void acceptorHello(const Nonce& mine, uint8_t out[kAcceptorHello]);
+/// Whether the first min(n, 8) bytes are the acceptor's (connector's) magic.
+bool acceptorMagic(const uint8_t* msg, size_t n);
+bool connectorMagic(const uint8_t* msg, size_t n);
+/// The connector's answer to the acceptor's hello `hello`: its nonce (*mine, made here), the ids
+/// and the proof of the key; *theirs is the acceptor's nonce.
+void connectorHello(const JobKey& key, const uint8_t* hello, const Ids& ids, Nonce* mine, Nonce* theirs,
+                    uint8_t out[kConnectorHello]);
+/// The acceptor checks a connector's hello against its nonce `mine`: false if it does not prove the
+/// key; else its ids and nonce.
+bool checkConnectorHello(const JobKey& key, const Nonce& mine, const uint8_t* msg, Ids* ids, Nonce* theirs);
+/// The acceptor's answer to a proved connector: its proof, or its yield.
+void acceptorAnswer(const JobKey& key, const Nonce& mine, const Nonce& theirs, const Ids& ids, bool yield,
+                    uint8_t out[kProof]);
+enum class Answer { Proof, Yield, Wrong };
+/// What the acceptor answered the connector (whose nonce is `mine`).
+Answer checkAcceptorAnswer(const JobKey& key, const Nonce& mine, const Nonce& theirs, const Ids& ids,
+                           const uint8_t* msg);
+
+}  // namespace wire
+
+/// One socket in its handshake, either direction (Handshakes' and OnDemandLinks' records).
+struct HandshakeSocket {
+  Socket sock;
+  int peer = -1;
+  int index = 0;  // stream index of the link
+  Nonce mine{};
+  Nonce theirs{};
+  std::vector<uint8_t> buf;  // what the current step has read
+  Clock::time_point since;
+  std::string remote;  // the other end, for logs
+  /// Reads toward `need` bytes of the current step without blocking: 1 when buf holds them, 0
+  /// when more must come, -1 when the socket closed or failed (errno set; 0 for a close).
+  int readStep(size_t need);
+};
+
+/// Starts a non-blocking connect to `target` from `from`'s address (so that each socket keeps to
+/// its rail); an invalid socket and *error on a failure that a retry may mend or not (errno kept).
+Socket dialFrom(const Interface& from, const SockAddr& target, std::string* error);
 
 class Handshakes {
  public:
@@ -54,6 +112,8 @@ class Handshakes {
   void onAcceptorHello(Pending& p);
   void onAcceptorProof(Pending& p);
   void onConnectorHello(Pending& p);
+  /// The ids of an outbound socket.
+  wire::Ids idsOf(const Pending& p) const;
   /// Gives up socket `p`: a stranger is turned away; an outbound attempt is retried.
   void drop(Pending& p, const std::string& why, bool stray);
   /// The socket is proved: it joins the peer's link.

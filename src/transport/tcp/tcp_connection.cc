@@ -47,7 +47,8 @@ TcpConnection::~TcpConnection() {
 }
 
 void TcpConnection::start() {
-  recvEngine_->add(this);
+  // A link made on first use is driven through the stand-in the engine already holds.
+  if (engine() == nullptr) recvEngine_->add(this);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : streams_) {
     // Armed once: whatever arrives before the first operation is read (and the engine then rests).
@@ -210,7 +211,7 @@ void TcpConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std
   } else if (closed_) {
     failClosedLocked(req, lock);
   } else {
-    matcher_.post(tag, op);
+    matcher_.post(tag, op, spec.posted);
     // (Collectives' messages up to pushBytes come at once anyway: no hint needed.)
     const bool pushed = (tag & options_.pushTagBit) != 0 && bytes <= options_.pushBytes;
     if (bytes > options_.eagerBytes && options_.readyBytes > 0 && !pushed) {

@@ -82,7 +82,8 @@ class TcpConnection : public Connection {
                 std::function<std::string(int, std::chrono::milliseconds)> lastWordOf = nullptr);
   ~TcpConnection() override;
 
-  /// Registers the sockets with the engines, and the connection as a source of the receive engine.
+  /// Registers the sockets with the engines, and the connection as a source of the receive engine
+  /// (unless it is driven through another source: ProgressSource::drivenThrough).
   void start();
 
   int peer() const override { return peer_; }

@@ -20,6 +20,7 @@
 #include "core/progress_engine.hpp"
 #include "net/interfaces.hpp"
 #include "transport/tcp/handshake.hpp"
+#include "transport/tcp/on_demand_links.hpp"
 #include "transport/tcp/tcp_connection.hpp"
 
 namespace loom {
@@ -175,9 +176,10 @@ std::string describeLink(int rank, int peer, int sockets, const std::vector<Inte
 
 }  // namespace
 
-std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext& ctx, const std::vector<int>& peers) {
-  engine_ = ctx.engine;
-  // 1. The peers' endpoints, as they published them.
+namespace {
+
+// The peers' endpoints, as they published them (one store request).
+std::map<int, Endpoints> publishedEndpoints(const TransportContext& ctx, const std::vector<int>& peers) {
   std::map<int, Endpoints> remote;
   std::vector<std::string> keys;
   for (int peer : peers) keys.push_back("tcp/" + std::to_string(peer));
@@ -193,6 +195,29 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
                                 ctx.deadline.totalSeconds(), missing ? "" : " (what it published does not parse)"));
     }
   }
+  return remote;
+}
+
+}  // namespace
+
+void TcpTransport::linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) {
+  engine_ = ctx.engine;
+  const int sockets = ctx.socketsPerPeer;
+  onDemand_ = std::make_unique<OnDemandLinks>(ctx, ifaces_, listeners_, publishedEndpoints(ctx, peers), sink,
+                                              optionsFromSettings(),
+                                              [this, rank = ctx.rank, sockets](int peer, const Endpoints& eps) {
+                                                return describeLink(rank, peer, sockets, ifaces_, eps);
+                                              });
+}
+
+void TcpTransport::linkTo(int peer) noexcept {
+  if (onDemand_) onDemand_->linkTo(peer);
+}
+
+std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext& ctx, const std::vector<int>& peers) {
+  engine_ = ctx.engine;
+  // 1. The peers' endpoints, as they published them.
+  std::map<int, Endpoints> remote = publishedEndpoints(ctx, peers);
   // 2. Every socket of every link, connected or accepted, and proved (handshake.hpp).
   Handshakes handshakes(ctx, ifaces_, listeners_);
   std::map<int, std::vector<Socket>> sockets = handshakes.run(remote);

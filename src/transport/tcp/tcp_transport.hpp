@@ -12,6 +12,11 @@
 //
 // Connections that fail it (strays, scanners, other jobs, other communicators) are closed and
 // logged while setup goes on. After setup the listener stays open and turns every newcomer away.
+//
+// Links made on first use (LOOM_CONNECT=lazy, the default: on_demand_links.hpp) use the same
+// handshake, started by whichever rank of the pair needs the link first; the acceptor of a dial
+// that crosses its own answers with HMAC(K, "peer-yield" ...) instead of its proof when it is the
+// lower rank (its own dial is kept), and the listeners stay open for them.
 #pragma once
 
 #include <atomic>
@@ -26,6 +31,7 @@ namespace loom {
 namespace tcp {
 
 class StrayRejector;  // handshake.hpp
+class OnDemandLinks;  // on_demand_links.hpp
 
 class TcpConnection;
 
@@ -42,6 +48,9 @@ class TcpTransport : public Transport {
   /// Its sockets to the peer.
   int descriptorsPerLink(const TransportContext& ctx) const override { return ctx.socketsPerPeer; }
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
+  bool linksOnDemand() const override { return true; }
+  void linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) override;
+  void linkTo(int peer) noexcept override;
 
   /// The address this rank listens on for interface `i` (after publish).
   SockAddr listenAddress(size_t i = 0) const;
@@ -50,7 +59,8 @@ class TcpTransport : public Transport {
   std::vector<Interface> ifaces_;  // one per interface used, in the order sockets take them
   std::vector<Socket> listeners_;  // by interface
   std::vector<std::unique_ptr<StrayRejector>> rejectors_;
-  ProgressEngine* engine_ = nullptr;  // set in connect(); stopped by the communicator before we go
+  std::unique_ptr<OnDemandLinks> onDemand_;  // with LOOM_CONNECT=lazy
+  ProgressEngine* engine_ = nullptr;         // set in connect(); stopped by the communicator before we go
 };
 
 }  // namespace tcp

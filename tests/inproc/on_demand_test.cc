@@ -1,0 +1,226 @@
+// Links made on first use (LOOM_CONNECT=lazy, the default; transport/on_demand_connection.hpp,
+// transport/tcp/on_demand_links.hpp): a rank links only the peers its operations touch, either
+// rank of a pair may need the link first (or both at once), operations posted before the link is
+// up keep their order and their place against receives from any source, and a peer that is gone
+// is named at once. LOOM_CONNECT=eager keeps the full mesh made at init.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/env_guard.hpp"
+#include "common/ranks.hpp"
+
+namespace {
+
+using loom::DataType;
+
+// The ranks are threads: they meet here before any of them touches a link, so that what a rank
+// holds after init is not changed by a peer that went ahead.
+class Meet {
+ public:
+  explicit Meet(int n) : n_(n) {}
+  void arrive() {
+    arrived_.fetch_add(1);
+    while (arrived_.load() < n_) std::this_thread::yield();
+  }
+
+ private:
+  const int n_;
+  std::atomic<int> arrived_{0};
+};
+
+int log2Ceil(int n) {
+  int k = 0;
+  while ((1 << k) < n) ++k;
+  return k;
+}
+
+TEST(OnDemand, NothingIsLinkedAtInitAndAnAllReduceLinksFewPeers) {
+  loomtest::TransportSetup tcp("tcp");
+  for (int n : {2, 5, 16}) {
+    SCOPED_TRACE(n);
+    Meet meet(n), counted(n);
+    loomtest::runOk(n, [n, &meet, &counted](loom::Communicator& c) {
+      EXPECT_EQ(c.linkCount(), 0);
+      EXPECT_NE(c.describeLink((c.rank() + 1) % n).find("not linked"), std::string::npos)
+          << c.describeLink((c.rank() + 1) % n);
+      meet.arrive();
+      for (size_t count : {size_t{1}, size_t{4099}}) {
+        std::vector<int64_t> in(count), out(count);
+        for (size_t i = 0; i < count; ++i) in[i] = c.rank() * 1000 + static_cast<int64_t>(i);
+        c.allReduce(in.data(), out.data(), count, DataType::Int64, loom::ReduceOp::Sum);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], 1000 * n * (n - 1) / 2 + n * static_cast<int64_t>(i)) << i;
+      }
+      EXPECT_GE(c.linkCount(), 1);
+      EXPECT_LE(c.linkCount(), 2 * log2Ceil(n) + 2);
+      counted.arrive();  // before any rank links more
+      // A pattern that needs every peer links every peer.
+      std::vector<int32_t> all(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p) all[static_cast<size_t>(p)] = c.rank() * 100 + p;
+      c.allToAll(all.data(), got.data(), 1, DataType::Int32);
+      for (int p = 0; p < n; ++p) EXPECT_EQ(got[static_cast<size_t>(p)], p * 100 + c.rank());
+      EXPECT_EQ(c.linkCount(), n - 1);
+      EXPECT_NE(c.describeLink((c.rank() + 1) % n).find("tcp, 2 sockets"), std::string::npos);
+    });
+  }
+}
+
+// Both ranks of every pair send first, at once: the two dials cross, one link is kept, and every
+// message arrives once, in order.
+TEST(OnDemand, DialsThatCrossMakeOneLink) {
+  loomtest::TransportSetup tcp("tcp");
+  constexpr int kRanks = 4;
+  constexpr int kMessages = 5;
+  for (int round = 0; round < 8; ++round) {
+    SCOPED_TRACE(round);
+    loomtest::runOk(kRanks, [](loom::Communicator& c) {
+      std::vector<std::vector<int32_t>> out(kRanks * kMessages), in(kRanks * kMessages);
+      std::vector<loom::Work> works;
+      for (int p = 0; p < kRanks; ++p) {
+        if (p == c.rank()) continue;
+        for (int m = 0; m < kMessages; ++m) {
+          auto& o = out[static_cast<size_t>(p * kMessages + m)];
+          o.assign(1000 + 997 * static_cast<size_t>(m), c.rank() * 10 + m);
+          works.push_back(c.isend(o.data(), o.size(), DataType::Int32, p, 7));
+        }
+      }
+      for (int p = 0; p < kRanks; ++p) {
+        if (p == c.rank()) continue;
+        for (int m = 0; m < kMessages; ++m) {
+          auto& i = in[static_cast<size_t>(p * kMessages + m)];
+          i.assign(1000 + 997 * static_cast<size_t>(m), -1);
+          works.push_back(c.irecv(i.data(), i.size(), DataType::Int32, p, 7));
+        }
+      }
+      for (auto& w : works) w.wait();
+      for (int p = 0; p < kRanks; ++p) {
+        if (p == c.rank()) continue;
+        for (int m = 0; m < kMessages; ++m)
+          for (int32_t v : in[static_cast<size_t>(p * kMessages + m)]) ASSERT_EQ(v, p * 10 + m) << "from " << p;
+      }
+      EXPECT_EQ(c.linkCount(), kRanks - 1);
+    });
+  }
+}
+
+// Every rank sends to the next before it receives from the previous: no rank's send may wait for
+// its peer's application thread to accept the link.
+TEST(OnDemand, ARingOfSendsBeforeReceives) {
+  loomtest::TransportSetup tcp("tcp");
+  constexpr int kRanks = 6;
+  loomtest::runOk(kRanks, [](loom::Communicator& c) {
+    const int next = (c.rank() + 1) % kRanks, prev = (c.rank() + kRanks - 1) % kRanks;
+    std::vector<int32_t> out(300000, c.rank()), in(300000, -1);  // beyond the eager size
+    loom::Work s = c.isend(out.data(), out.size(), DataType::Int32, next, 3);
+    c.recv(in.data(), in.size(), DataType::Int32, prev, 3);
+    s.wait();
+    for (int32_t v : in) ASSERT_EQ(v, prev);
+    EXPECT_EQ(c.linkCount(), 2);
+  });
+}
+
+// Receives from any source posted before any link is up take the first messages; a receive named
+// for a peer keeps its place against them while its link is being made.
+TEST(OnDemand, ReceivesFromAnySourceBeforeAnyLink) {
+  loomtest::TransportSetup tcp("tcp");
+  constexpr int kRanks = 4;
+  loomtest::runOk(kRanks, [](loom::Communicator& c) {
+    if (c.rank() != 0) {
+      int32_t v = c.rank();
+      c.send(&v, 1, DataType::Int32, 0, 11);
+      c.send(&v, 1, DataType::Int32, 0, 12);
+      return;
+    }
+    std::vector<int32_t> got(kRanks - 1, -1);
+    std::vector<loom::Work> any;
+    for (int k = 0; k < kRanks - 1; ++k)
+      any.push_back(c.irecv(&got[static_cast<size_t>(k)], 1, DataType::Int32, loom::kAnySource, 11));
+    std::vector<int> sources;
+    for (int k = 0; k < kRanks - 1; ++k) {
+      any[static_cast<size_t>(k)].wait();
+      sources.push_back(any[static_cast<size_t>(k)].source());
+      EXPECT_EQ(got[static_cast<size_t>(k)], sources.back());
+    }
+    std::sort(sources.begin(), sources.end());
+    EXPECT_EQ(sources, (std::vector<int>{1, 2, 3}));
+    // Posted in this order on tag 12: named for 1, any, any: rank 1's message is the named one's.
+    int32_t fromOne = -1, a = -1, b = -1;
+    loom::Work named = c.irecv(&fromOne, 1, DataType::Int32, 1, 12);
+    loom::Work x = c.irecv(&a, 1, DataType::Int32, loom::kAnySource, 12);
+    loom::Work y = c.irecv(&b, 1, DataType::Int32, loom::kAnySource, 12);
+    named.wait();
+    x.wait();
+    y.wait();
+    EXPECT_EQ(fromOne, 1);
+    EXPECT_NE(x.source(), 1);
+    EXPECT_NE(y.source(), 1);
+  });
+}
+
+// A peer whose communicator is gone before its link was made: the first operation on it fails at
+// once, naming it, not after the timeout.
+TEST(OnDemand, APeerGoneBeforeItsLinkIsNamedAtOnce) {
+  loomtest::TransportSetup tcp("tcp");
+  constexpr int kRanks = 3;
+  std::atomic<int> gone{0};
+  auto results = loomtest::runRanks(kRanks, [&](loom::Communicator& c) {
+    if (c.rank() == 2) {
+      gone = 1;
+      return;  // destroys its communicator: its listener closes
+    }
+    while (gone.load() == 0) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    int32_t v = 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      c.send(&v, 1, DataType::Int32, 2, 5);
+      ADD_FAILURE() << "rank " << c.rank() << ": a send to a rank that is gone succeeded";
+    } catch (const loom::Error& e) {
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(results[2].error, "");
+}
+
+TEST(OnDemand, EagerLinksEveryPeerAtInit) {
+  loomtest::TransportSetup tcp("tcp");
+  loomtest::EnvGuard eager("LOOM_CONNECT", "eager");
+  loomtest::runOk(5, [](loom::Communicator& c) {
+    EXPECT_EQ(c.linkCount(), 4);
+    int32_t v = c.rank(), sum = 0;
+    c.allReduce(&v, &sum, 1, DataType::Int32, loom::ReduceOp::Sum);
+    EXPECT_EQ(sum, 10);
+  });
+}
+
+// Shared-memory links are made at init; TCP's, across nodes, on first use.
+TEST(OnDemand, AcrossNodesOnlyTheNetworkLinksWait) {
+  loomtest::TransportSetup mixed("mixed");      // even and odd ranks on two nodes
+  loomtest::EnvGuard noTune("LOOM_TUNE", "0");  // (else init measures a link to a partner)
+  Meet meet(6);
+  loomtest::runOk(6, [&meet](loom::Communicator& c) {
+    EXPECT_EQ(c.linkCount(), 2);  // the two others of its node
+    meet.arrive();
+    std::vector<float> in(70000, 1.0f), out(70000);
+    c.allReduce(in.data(), out.data(), in.size(), DataType::Float32, loom::ReduceOp::Sum);
+    for (float v : out) ASSERT_EQ(v, 6.0f);
+    EXPECT_GT(c.linkCount(), 2);
+  });
+}
+
+TEST(OnDemand, AnUnknownSettingIsAClearError) {
+  loomtest::TransportSetup tcp("tcp");
+  loomtest::EnvGuard bad("LOOM_CONNECT", "sometimes");
+  auto results = loomtest::runRanks(2, [](loom::Communicator&) {});
+  for (const auto& r : results)
+    EXPECT_NE(r.error.find("LOOM_CONNECT=sometimes: expected lazy or eager"), std::string::npos) << r.error;
+}
+
+}  // namespace
