@@ -392,8 +392,10 @@ def render_scale(res_doc):
                     row += ["", ""] if key == "gloo threads" else ["", "", "", ""]
                     continue
                 if "failed" in r:
-                    notes.append(f"{n} ranks, {key}: {r['failed'][:200]}")
-                    row += [f"failed ({len(notes)})"] + ([""] if key == "gloo threads" else ["", "", ""])
+                    text = f"{n} ranks, {key}: {r['failed'][:200]}"
+                    if text not in notes:  # Gloo's row is in both tables
+                        notes.append(text)
+                    row += [f"failed ({notes.index(text) + 1})"] + ([""] if key == "gloo threads" else ["", "", ""])
                     continue
                 if key == "gloo threads":
                     row += [f"{ms(r['init_ms'])} / {ms(r['first_ms'])}", f"{r['links']:.0f} / {r['fds']:.0f}"]
