@@ -34,11 +34,24 @@ using Clock = std::chrono::steady_clock;
 
 int openDescriptors() { return static_cast<int>(loom::openDescriptors()); }
 
-/// Raises the soft descriptor limit to the hard one: the full mesh needs many, and what a rank
-/// uses is what this tool reports.
+/// Raises the descriptor limit as far as the system lets this process: the full mesh needs many,
+/// ranks as threads share one process's table (512 ranks over TCP hold about 20,000 sockets between
+/// them), and what a rank uses is what this tool reports. The hard limit too where permitted
+/// (root: up to fs.nr_open), else the soft one to the hard one.
 void raiseDescriptorLimit() {
   rlimit l{};
-  if (getrlimit(RLIMIT_NOFILE, &l) == 0 && l.rlim_cur < l.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &l) != 0) return;
+  rlim_t most = 0;
+  if (FILE* f = std::fopen("/proc/sys/fs/nr_open", "r")) {
+    unsigned long long v = 0;
+    if (std::fscanf(f, "%llu", &v) == 1) most = static_cast<rlim_t>(v);
+    std::fclose(f);
+  }
+  if (most > l.rlim_max) {
+    rlimit wider{most, most};
+    if (setrlimit(RLIMIT_NOFILE, &wider) == 0) return;
+  }
+  if (l.rlim_cur < l.rlim_max) {
     l.rlim_cur = l.rlim_max;
     setrlimit(RLIMIT_NOFILE, &l);
   }

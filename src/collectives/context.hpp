@@ -156,6 +156,8 @@ void allToAllPairwise(Context& c, const Args& a);
 void allToAllvPairwise(Context& c, const Args& a);
 /// All-gather: every rank sends its block to every other at once (no forwarding).
 void allGatherPairwise(Context& c, const Args& a);
+// bruck.cc: all-gather in ceil(log2 n) steps for any n (Bruck's); for latency-bound sizes.
+void allGatherBruck(Context& c, const Args& a);
 // direct.cc: within one node, reading the peers' staged data in place (shared-memory arena):
 // all-reduce, broadcast and all-gather (one barrier for small buffers, then one per chunk).
 void allReduceDirect(Context& c, const Args& a);

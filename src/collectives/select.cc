@@ -32,7 +32,7 @@ std::vector<Algo> candidates(Coll c) {
     case Coll::Reduce:
       return {Algo::Ring, Algo::Binomial, Algo::Hierarchical};
     case Coll::AllGather:
-      return {Algo::Ring, Algo::Direct, Algo::Pairwise};
+      return {Algo::Ring, Algo::RecursiveDoubling, Algo::Direct, Algo::Pairwise};
     case Coll::ReduceScatter:
       return {Algo::Ring};
     case Coll::AllToAll:
@@ -163,6 +163,11 @@ double modelUs(Coll c, Algo a, size_t bytes, int n, const CostModel& m) {
       return steps * (channels * a_ + per * b) + reduceSteps * tail + extra;
     }
     case Algo::RecursiveDoubling: {
+      if (c == Coll::AllGather) {
+        // Bruck's: ceil(log2 n) messages, each rank receiving the n - 1 blocks once, then one
+        // pass over the whole buffer to rotate it into place.
+        return logn * a_ + (N - 1) / N * S * b + S * g;
+      }
       // Each step reduces the whole buffer after it has arrived.
       int p = 1;
       while (p * 2 <= n) p *= 2;

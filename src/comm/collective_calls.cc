@@ -138,6 +138,7 @@ void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int6
     case Coll::AllGather:
       if (algo == Algo::Direct) return coll::allGatherDirect(ctx, a);
       if (algo == Algo::Pairwise) return coll::allGatherPairwise(ctx, a);
+      if (algo == Algo::RecursiveDoubling) return coll::allGatherBruck(ctx, a);
       return coll::allGatherRing(ctx, a);
     case Coll::ReduceScatter:
       return coll::reduceScatterRing(ctx, a);

@@ -79,6 +79,16 @@ TEST(Select, SlowerLinksMoveTheRingCrossoverUp) {
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 1u << 20, 8, slowLatency, ""), Algo::RecursiveDoubling);
 }
 
+// All-gather: Bruck's log2 n steps where latency dominates (small blocks, many ranks), the ring's
+// pipelined n - 1 steps where bandwidth does.
+TEST(Select, AllGatherTakesBrucksStepsOnManyRanksAndTheRingForBulk) {
+  CostModel m;
+  EXPECT_EQ(selectAlgo(Coll::AllGather, 8 * 256, 256, m, ""), Algo::RecursiveDoubling);
+  EXPECT_EQ(selectAlgo(Coll::AllGather, 64 * 16, 16, m, ""), Algo::RecursiveDoubling);
+  EXPECT_EQ(selectAlgo(Coll::AllGather, 8, 2, m, ""), Algo::Ring);  // one step either way
+  EXPECT_EQ(selectAlgo(Coll::AllGather, 256u << 20, 16, m, ""), Algo::Ring);
+}
+
 TEST(Select, OverridesApplyWhereTheAlgorithmExists) {
   CostModel m;
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "ring"), Algo::Ring);
@@ -92,7 +102,8 @@ TEST(Select, OverridesApplyWhereTheAlgorithmExists) {
   EXPECT_EQ(selectAlgo(Coll::Broadcast, 256u << 20, 4, m, "allreduce:rd"), Algo::Chain);
   EXPECT_EQ(selectAlgo(Coll::Broadcast, 256u << 20, 4, m, "allreduce:rd,broadcast:tree"), Algo::Binomial);
   // An algorithm a collective does not have is ignored for it; unknown names are ignored.
-  EXPECT_EQ(selectAlgo(Coll::AllGather, 8, 4, m, "rd"), Algo::Ring);
+  EXPECT_EQ(selectAlgo(Coll::AllGather, 8, 4, m, "rd"), Algo::RecursiveDoubling);  // Bruck's
+  EXPECT_EQ(selectAlgo(Coll::AllGather, 256u << 20, 4, m, "hd"), Algo::Ring);
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "warp-drive"), Algo::RecursiveDoubling);
   EXPECT_EQ(selectAlgo(Coll::AllReduce, 8, 4, m, "nonsense,ring"), Algo::Ring);
 }
