@@ -1,5 +1,6 @@
 #include "transport/on_demand_connection.hpp"
 
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -61,30 +62,44 @@ void OnDemandConnection::install(std::unique_ptr<Connection> conn) noexcept {
       return;
     }
   }
-  // What was kept goes first, in order; what is posted meanwhile is kept behind it.
+  // What was kept goes first, one operation at a time, in order; what is posted meanwhile is kept
+  // behind it. Once the link is stopped (quiesce: the communicator is failing) nothing more is
+  // posted: failAll fails what is still kept, and a caller woken by a failed request may free its
+  // buffers at once.
   for (;;) {
-    std::deque<Kept> batch;
+    Kept op;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (kept_.empty() || failed_) {
-        if (!failed_) inner_.store(c, std::memory_order_release);
+      if (failed_ || stopped_) return;
+      if (kept_.empty()) {
+        inner_.store(c, std::memory_order_release);
         return;
       }
-      batch.swap(kept_);
+      op = std::move(kept_.front());
+      kept_.pop_front();
+      posting_ = std::this_thread::get_id();
     }
-    for (auto& op : batch) {
-      if (op.send)
-        c->isend(op.req, op.sendSpec);
-      else
-        c->irecv(op.req, op.recvSpec);
+    if (op.send)
+      c->isend(op.req, op.sendSpec);
+    else
+      c->irecv(op.req, op.recvSpec);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      posting_ = std::thread::id();
     }
+    posted_.notify_all();
   }
 }
 
 void OnDemandConnection::quiesce(const Status& why) noexcept {
   Connection* c = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    stopped_ = true;
+    // An operation being handed to the link lands there first (unless this thread is handing it:
+    // the link failed under it).
+    if (posting_ != std::thread::id() && posting_ != std::this_thread::get_id())
+      posted_.wait(lock, [&] { return posting_ == std::thread::id(); });
     c = own_.get();  // set once, kept until destruction
   }
   if (c != nullptr) c->quiesce(why);

@@ -7,10 +7,12 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "transport/transport.hpp"
 
@@ -63,6 +65,9 @@ class OnDemandConnection : public Connection {
   mutable std::mutex mu_;
   std::deque<Kept> kept_;                    // guarded by mu_
   bool asked_ = false;                       // linkTo called; guarded by mu_
+  bool stopped_ = false;                     // quiesce called: nothing more goes to the link; guarded by mu_
+  std::thread::id posting_;                  // the thread handing a kept operation to the link; guarded by mu_
+  std::condition_variable posted_;           // posting_ cleared
   bool failed_ = false;                      // guarded by mu_
   Status failure_;                           // guarded by mu_
   std::unique_ptr<Connection> own_;          // the link, once installed
