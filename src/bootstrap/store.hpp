@@ -31,8 +31,9 @@ class Store {
   /// Sets every pair, in as few requests as the store allows.
   virtual void setMany(const std::vector<std::pair<std::string, Bytes>>& pairs);
 
-  /// Waits until `key` is set or the deadline passes (then nullopt).
-  std::optional<Bytes> get(const std::string& key, const Deadline& deadline);
+  /// Waits until `key` is set or the deadline passes (then nullopt). Here by polling; a store that
+  /// can wait on its server's side (TcpStoreClient) does so.
+  virtual std::optional<Bytes> get(const std::string& key, const Deadline& deadline);
   /// Waits until every key is set; on the deadline returns false and lists the missing ones.
   bool waitAll(const std::vector<std::string>& keys, const Deadline& deadline, std::vector<std::string>* missing);
   /// The same, keeping the values (in the order of `keys`) in *values. Each round asks for all the
@@ -59,6 +60,9 @@ class PrefixStore : public Store {
   void set(const std::string& key, const Bytes& value) override { base_->set(prefix_ + key, value); }
   std::optional<Bytes> tryGet(const std::string& key) override { return base_->tryGet(prefix_ + key); }
   int64_t add(const std::string& key, int64_t delta) override { return base_->add(prefix_ + key, delta); }
+  std::optional<Bytes> get(const std::string& key, const Deadline& deadline) override {
+    return base_->get(prefix_ + key, deadline);
+  }
   std::vector<std::optional<Bytes>> tryGetMany(const std::vector<std::string>& keys) override {
     std::vector<std::string> mine;
     mine.reserve(keys.size());

@@ -183,7 +183,7 @@ Parse decodeRequest(const uint8_t* buf, size_t len, Request* out, size_t* consum
   }
   if (len < 4 + static_cast<size_t>(frame)) return Parse::Incomplete;
   uint8_t op = buf[4];
-  if (op < static_cast<uint8_t>(Op::Set) || op > static_cast<uint8_t>(Op::SetMany)) {
+  if (op < static_cast<uint8_t>(Op::Set) || op > static_cast<uint8_t>(Op::Wait)) {
     *why = "unknown operation " + std::to_string(op);
     return Parse::Malformed;
   }
@@ -197,6 +197,10 @@ Parse decodeRequest(const uint8_t* buf, size_t len, Request* out, size_t* consum
   size_t valueLen = frame - 5 - keyLen;
   if (out->op == Op::Add && valueLen != 8) {
     *why = "add needs an 8-byte value";
+    return Parse::Malformed;
+  }
+  if (out->op == Op::Wait && valueLen != 4) {
+    *why = "wait needs a 4-byte time";
     return Parse::Malformed;
   }
   out->value.assign(buf + 9 + keyLen, buf + 9 + keyLen + valueLen);

@@ -11,6 +11,9 @@
 // not one per peer): key "many", value u32 count (u32 length key)*count; reply Ok, payload
 // (u8 found u32 length value)*count, values left out (found 0) once the reply would pass kMaxFrame.
 // SetMany: key "many", value u32 count (u32 length key u32 length value)*count; reply Ok.
+// Wait: key, value u32 milliseconds; the reply (Ok and the value, or NotFound) comes once the key
+// is set or the time has passed (at most kMaxWaitMs), so that a waiting rank costs the store one
+// request per wait instead of a poll every few milliseconds. A client's later requests wait for it.
 #pragma once
 
 #include <cstddef>
@@ -34,7 +37,8 @@ constexpr size_t kServerProof = 32;
 constexpr uint32_t kMaxFrame = 64u << 20;  // a value larger than 64 MiB is refused
 constexpr uint32_t kMaxKey = 4096;
 
-enum class Op : uint8_t { Set = 1, TryGet = 2, Add = 3, GetMany = 4, SetMany = 5 };
+enum class Op : uint8_t { Set = 1, TryGet = 2, Add = 3, GetMany = 4, SetMany = 5, Wait = 6 };
+constexpr uint32_t kMaxWaitMs = 60000;
 constexpr uint32_t kMaxKeysPerRequest = 4096;
 enum class Reply : uint8_t { Ok = 0, NotFound = 1, Error = 2 };
 

@@ -194,4 +194,20 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   return storewire::getI64(r.data());
 }
 
+std::optional<Bytes> TcpStoreClient::get(const std::string& key, const Deadline& deadline) {
+  // In slices, so that another thread's request (a note on a failure path) waits for this one a
+  // short while at most, and a store host that died is noticed within the operation timeout.
+  constexpr std::chrono::milliseconds kSlice{250};
+  for (;;) {
+    const auto left = std::chrono::milliseconds(std::max<int64_t>(0, deadline.remainingMs()));
+    const auto slice = std::min(left, kSlice);
+    Bytes ms(4);
+    storewire::putU32(ms.data(), static_cast<uint32_t>(slice.count()));
+    uint8_t status = 0;
+    Bytes v = roundTrip(storewire::encodeRequest(storewire::Op::Wait, key, ms), &status);
+    if (status == static_cast<uint8_t>(storewire::Reply::Ok)) return v;
+    if (deadline.expired() || left.count() == 0) return std::nullopt;
+  }
+}
+
 }  // namespace loom

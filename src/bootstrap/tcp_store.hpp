@@ -24,6 +24,8 @@ class TcpStoreClient : public Store {
   void set(const std::string& key, const Bytes& value) override;
   std::optional<Bytes> tryGet(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  /// Waits on the server's side (one request per few hundred ms of waiting, not a poll).
+  std::optional<Bytes> get(const std::string& key, const Deadline& deadline) override;
   bool setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit) override;
   std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit) override;
   std::vector<std::optional<Bytes>> tryGetMany(const std::vector<std::string>& keys) override;

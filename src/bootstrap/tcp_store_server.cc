@@ -22,6 +22,8 @@ LOOM_PARAM_INT(storeAuthTimeoutMs, "LOOM_STORE_AUTH_TIMEOUT_MS", 10000,
 
 constexpr size_t kMaxClients = 65536;
 
+std::atomic<uint64_t> served{0};
+
 }  // namespace
 
 struct TcpStoreServer::Client {
@@ -33,6 +35,10 @@ struct TcpStoreServer::Client {
   Bytes in;
   Bytes out;
   size_t outPos = 0;
+  // A Wait not answered yet: the key, and when to give up. Its later requests stay in `in`.
+  bool waiting = false;
+  std::string waitKey;
+  Clock::time_point waitUntil;
 };
 
 TcpStoreServer::TcpStoreServer(const SockAddr& addr, const JobKey& key) : key_(key) {
@@ -74,7 +80,12 @@ void TcpStoreServer::run() {
       if (c->outPos < c->out.size()) ev |= POLLOUT;
       fds.push_back({fd, ev, 0});
     }
-    int rc = poll(fds.data(), fds.size(), 500);
+    int timeoutMs = 500;
+    if (nextWait_ != Clock::time_point::max()) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(nextWait_ - Clock::now()).count() + 1;
+      timeoutMs = static_cast<int>(std::clamp<long long>(ms, 0, timeoutMs));
+    }
+    int rc = poll(fds.data(), fds.size(), timeoutMs);
     if (rc < 0 && errno != EINTR) {
       LOOM_WARN("rendezvous store: poll failed: %s", errnoText(errno).c_str());
       return;
@@ -97,6 +108,37 @@ void TcpStoreServer::run() {
       }
       if (!keep) clients_.erase(it);
     }
+    answerWaits();
+  }
+}
+
+uint64_t TcpStoreServer::servedInProcess() { return served.load(std::memory_order_relaxed); }
+
+void TcpStoreServer::answerWaits() {
+  // A request answered here may unblock a later one of the same client that sets a key another
+  // waits for: go round until nothing changes (each round answers at least one wait or stops).
+  for (int round = 0; round < 64; ++round) {
+    const auto now = Clock::now();
+    if (!changed_ && now < nextWait_) return;
+    changed_ = false;
+    nextWait_ = Clock::time_point::max();
+    std::vector<int> drop;
+    for (auto& [fd, cp] : clients_) {
+      Client& c = *cp;
+      if (!c.waiting) continue;
+      auto it = data_.find(c.waitKey);
+      if (it == data_.end() && now < c.waitUntil) {
+        nextWait_ = std::min(nextWait_, c.waitUntil);
+        continue;
+      }
+      c.waiting = false;
+      const Bytes reply = it != data_.end() ? storewire::encodeReply(storewire::Reply::Ok, it->second)
+                                            : storewire::encodeReply(storewire::Reply::NotFound, {});
+      c.out.insert(c.out.end(), reply.begin(), reply.end());
+      if (!handleRequests(c) || !flush(c)) drop.push_back(fd);
+    }
+    for (int fd : drop) clients_.erase(fd);
+    if (!changed_) return;
   }
 }
 
@@ -190,8 +232,13 @@ bool TcpStoreServer::onReadable(Client& c) {
 }
 
 bool TcpStoreServer::handleRequests(Client& c) {
+  if (c.waiting && c.in.size() > storewire::kMaxFrame + 16) {
+    ++rejected_;
+    LOOM_WARN("rendezvous store: dropped client %s: it piled up requests behind a wait", c.peer.c_str());
+    return false;
+  }
   size_t pos = 0;
-  for (;;) {
+  while (!c.waiting) {
     storewire::Request req;
     size_t used = 0;
     std::string why;
@@ -203,9 +250,11 @@ bool TcpStoreServer::handleRequests(Client& c) {
       return false;
     }
     pos += used;
+    served.fetch_add(1, std::memory_order_relaxed);
     Bytes reply;
     switch (req.op) {
       case storewire::Op::Set:
+        changed_ = true;
         data_[req.key] = std::move(req.value);
         reply = storewire::encodeReply(storewire::Reply::Ok, {});
         break;
@@ -238,6 +287,7 @@ bool TcpStoreServer::handleRequests(Client& c) {
           return false;
         }
         for (auto& [k, v] : pairs) data_[k] = std::move(v);
+        changed_ = true;
         reply = storewire::encodeReply(storewire::Reply::Ok, {});
         break;
       }
@@ -252,8 +302,22 @@ bool TcpStoreServer::handleRequests(Client& c) {
         Bytes v(8);
         storewire::putI64(v.data(), cur);
         data_[req.key] = v;
+        changed_ = true;
         reply = storewire::encodeReply(storewire::Reply::Ok, v);
         break;
+      }
+      case storewire::Op::Wait: {
+        auto it = data_.find(req.key);
+        if (it != data_.end()) {
+          reply = storewire::encodeReply(storewire::Reply::Ok, it->second);
+          break;
+        }
+        const uint32_t ms = std::min(storewire::getU32(req.value.data()), storewire::kMaxWaitMs);
+        c.waiting = true;
+        c.waitKey = req.key;
+        c.waitUntil = Clock::now() + std::chrono::milliseconds(ms);
+        nextWait_ = std::min(nextWait_, c.waitUntil);
+        break;  // answered by answerWaits()
       }
     }
     c.out.insert(c.out.end(), reply.begin(), reply.end());

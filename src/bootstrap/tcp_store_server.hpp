@@ -29,6 +29,9 @@ class TcpStoreServer {
   int port() const { return port_; }
   /// Connections refused so far (bad handshake, malformed requests): for tests and logs.
   int rejected() const { return rejected_.load(); }
+  /// Requests served by every store server of this process so far (what a test that a step
+  /// needs no store asks).
+  static uint64_t servedInProcess();
 
  private:
   struct Client;
@@ -38,6 +41,8 @@ class TcpStoreServer {
   bool onReadable(Client& c);
   bool handleRequests(Client& c);
   bool flush(Client& c);
+  /// Answers the Waits whose key is now set or whose time has passed.
+  void answerWaits();
 
   JobKey key_;
   Socket listener_;
@@ -45,6 +50,8 @@ class TcpStoreServer {
   int wakeFd_[2] = {-1, -1};
   std::map<int, std::unique_ptr<Client>> clients_;
   std::map<std::string, Bytes> data_;  // touched only by the server thread
+  bool changed_ = false;               // a key was set since the waits were last looked at
+  std::chrono::steady_clock::time_point nextWait_ = std::chrono::steady_clock::time_point::max();
   std::atomic<int> rejected_{0};
   std::thread thread_;
 };

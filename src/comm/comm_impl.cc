@@ -45,13 +45,15 @@ std::string hostName() {
 
 }  // namespace
 
-CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin)
+CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin,
+                   Meeting* meeting)
     : rank_(rank),
       size_(size),
       options_(options),
       name_(options.name.empty() ? "loom" : options.name),
       failure_(std::make_shared<FailureState>()),
       access_(std::move(access)),
+      joinStore_(std::make_shared<JoinStore>(access_.store)),
       diag_(rank, size, name_, access_.store, failure_),
       links_(rank, size) {
   LogRankScope logScope(rank);
@@ -64,10 +66,10 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
     LOOM_THROW(ErrorCode::InvalidArgument, rank, strFormat("sockets per peer must be 1 to 16, not %d", sockets));
   }
   Deadline deadline(initTimeout);
-  Store& store = *access_.store;
+  Store& store = *joinStore_;
 
-  // 1. Announce ourselves (host identity first: join/ says that both are there), so that a rank
-  // that waits can say who is missing.
+  // 1. This rank's record: its host, its machine, and (join) what its transports publish.
+  joinStore_->record(true);
   HostIdentity host = localHostIdentity();
   if (!options.hostId.empty()) host.override_ = options.hostId;
   store.setString("host/" + std::to_string(rank), host.key());
@@ -76,10 +78,11 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
   const std::string me = strFormat("%s pid %d", hostName().c_str(), static_cast<int>(getpid()));
   store.setString("join/" + std::to_string(rank), me);
 
-  // 2. Publish every transport's endpoint, then wait for everyone to have joined.
+  // 2. Publish every transport's endpoint, meet the others, link.
   // A join that throws leaves the link table to its destructor, which stops its threads before
   // the links go.
-  join(options, sockets, deadline, origin);
+  StoreMeeting throughStore(*access_.store, rank, size, name_, access_.endpoint, access_.keepAlive != nullptr);
+  join(options, sockets, deadline, origin, meeting != nullptr ? *meeting : throughStore);
   registerForDump(this);
 }
 

@@ -21,6 +21,7 @@
 #include "bootstrap/rendezvous.hpp"
 #include "collectives/comm_view.hpp"
 #include "comm/diagnostics.hpp"
+#include "comm/meeting.hpp"
 #include "comm/op_queue.hpp"
 #include "core/function_ref.hpp"
 #include "core/progress_engine.hpp"
@@ -54,7 +55,9 @@ struct LinkModel {
 class CommImpl : public Progressable, public coll::CommView {
  public:
   /// Joins the communicator: blocks until every rank has joined and every link is up, or throws.
-  CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin);
+  /// The ranks meet through `meeting` (comm/meeting.hpp), or through the store when it is null.
+  CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin,
+           Meeting* meeting = nullptr);
   ~CommImpl() override;
   CommImpl(const CommImpl&) = delete;
   CommImpl& operator=(const CommImpl&) = delete;
@@ -189,9 +192,9 @@ class CommImpl : public Progressable, public coll::CommView {
  private:
   /// run()'s fast path: runs `body` on this thread as the next call if the queue is idle.
   bool runInlineIfIdle(FunctionRef<void(int64_t)> body, uint64_t sig);
-  void join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin);
+  void join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin, Meeting& meeting);
   void failEverything(const Status& status);
-  /// Reads every rank's host identity from the store and groups the ranks by node.
+  /// Reads every rank's host identity from the records swapped and groups the ranks by node.
   void mapNodes(Store& store, const Deadline& deadline);
 
   const int rank_;
@@ -205,6 +208,7 @@ class CommImpl : public Progressable, public coll::CommView {
   std::shared_ptr<FailureState> failure_;
   std::shared_ptr<ProgressHook> progress_;
   StoreAccess access_;
+  std::shared_ptr<JoinStore> joinStore_;  // what the transports publish to and read (comm/meeting.hpp)
   Diagnostics diag_;
   LinkTable links_;  // the connections, their transports and progress engines
   std::unique_ptr<OpQueue> queue_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <map>
 #include <thread>
@@ -25,10 +26,10 @@
 namespace loom {
 namespace detail {
 
-void CommImpl::join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin) {
+void CommImpl::join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin,
+                    Meeting& meeting) {
   const int rank = rank_, size = size_;
-  Store& store = *access_.store;
-  auto entries = selectTransports(options.transports);
+  Store& store = *joinStore_;
   TransportContext ctx;
   ctx.rank = rank;
   ctx.size = size;
@@ -42,50 +43,38 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
     auto v = store->getBounded(lastWordKey(peer), Deadline(wait), kStoreNoteLimit);
     return v ? std::string(v->begin(), v->end()) : std::string();
   };
-  links_.publish(ctx, entries);
-
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back("join/" + std::to_string(r));
-  std::vector<std::string> missing;
-  // The rank hosting the store waits a little longer than the others, so that they can still
-  // ask the store who is missing when their own deadline passes.
-  const bool hosting = access_.keepAlive != nullptr;
-  const Deadline joinDeadline(std::chrono::milliseconds(deadline.remainingMs()) +
-                              (hosting ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0)));
-  if (!store.waitAll(keys, joinDeadline, &missing)) {
-    std::vector<int> absent;
-    for (const auto& k : missing) absent.push_back(std::stoi(k.substr(5)));
-    LOOM_THROW(ErrorCode::Timeout, rank,
-               strFormat("only %d of %d ranks joined communicator \"%s\" at %s within %.0f s; missing rank(s) %s. "
-                         "Did they start, with the same world size and MASTER_ADDR/MASTER_PORT? (LOOM_INIT_TIMEOUT "
-                         "sets the wait)",
-                         size - static_cast<int>(absent.size()), size, name_.c_str(), access_.endpoint.c_str(),
-                         deadline.totalSeconds(), rankList(absent).c_str()));
+  // Every rank goes through the meeting's two steps whatever fails on the way (a meeting over a
+  // parent communicator's links must see every rank's part), and then throws.
+  std::exception_ptr failed;
+  std::string why;
+  try {
+    links_.publish(ctx, selectTransports(options.transports));
+  } catch (const std::exception& e) {
+    failed = std::current_exception();
+    why = e.what();
   }
+  joinStore_->record(false);
+  const std::vector<Bytes> records = meeting.swap(joinStore_->takeRecord(), why, deadline);
+  try {
+    if (failed) std::rethrow_exception(failed);
+    learnRecords(*joinStore_, records, rank);
 
-  // 2'. Which ranks share a node: equal host identities, numbered in order of their lowest rank.
-  mapNodes(store, deadline);
+    // Which ranks share a node: equal host identities, numbered in order of their lowest rank.
+    mapNodes(store, deadline);
+    progress::noteRanksOnThisMachine(ranksOnThisMachine_);
 
-  progress::noteRanksOnThisMachine(ranksOnThisMachine_);
-
-  // 3. Connect to every peer with the first transport that reaches it (shared memory within a
-  // node, then the network). Every rank runs the transports in the same order, and each one's
-  // setup waits only on the peers it connects, so no two ranks wait on each other crosswise.
-  ctx.nodeOf = nodes_.nodeOf;
-  links_.connect(ctx);
-  diag_.setArena(links_.arena());
-
-  // 4. Wait until every rank is connected, so nobody leaves while another still needs the store.
-  store.setString("ready/" + std::to_string(rank), "1");
-  keys.clear();
-  for (int r = 0; r < size; ++r) keys.push_back("ready/" + std::to_string(r));
-  if (!store.waitAll(keys, deadline, &missing)) {
-    std::vector<int> absent;
-    for (const auto& k : missing) absent.push_back(std::stoi(k.substr(6)));
-    LOOM_THROW(ErrorCode::Timeout, rank,
-               strFormat("rank(s) %s did not finish connecting within %.0f s", rankList(absent).c_str(),
-                         deadline.totalSeconds()));
+    // Link every peer with the first transport that reaches it (shared memory within a node, then
+    // the network; over TCP on first use). Every rank runs the transports in the same order, and
+    // each one's setup waits only on the peers it connects, so no two ranks wait crosswise.
+    ctx.nodeOf = nodes_.nodeOf;
+    links_.connect(ctx);
+    diag_.setArena(links_.arena());
+  } catch (const std::exception& e) {
+    meeting.done(e.what(), deadline);
+    throw;
   }
+  // Every rank linked, so that nobody leaves while another still needs the store.
+  meeting.done("", deadline);
 
   queue_ = std::make_unique<OpQueue>(rank);
   failure_->setHook([this](const Status& s) {
@@ -112,8 +101,7 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
 }
 
 void CommImpl::mapNodes(Store& store, const Deadline& deadline) {
-  // Set before join/<r>, which every rank has seen by now: no wait in practice. One request for
-  // all of them (the store's load stays one request per rank).
+  // In the records swapped: no store request.
   std::vector<std::string> names;
   for (int r = 0; r < size_; ++r) names.push_back("host/" + std::to_string(r));
   for (int r = 0; r < size_; ++r) names.push_back("machine/" + std::to_string(r));

@@ -7,6 +7,7 @@
 #include "bootstrap/launcher_env.hpp"
 #include "bootstrap/rendezvous.hpp"
 #include "comm/comm_impl.hpp"
+#include "comm/split_meeting.hpp"
 #include "comm/tune.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
@@ -122,8 +123,8 @@ namespace {
 // Joins this rank through `access` and tunes the links where asked: every way a communicator is
 // made (a unique id, a launcher, shrink, split, group) ends here.
 std::unique_ptr<detail::CommImpl> joinThrough(int rank, int size, StoreAccess access, const Options& options,
-                                              const std::string& origin) {
-  auto impl = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options, origin);
+                                              const std::string& origin, detail::Meeting* meeting = nullptr) {
+  auto impl = std::make_unique<detail::CommImpl>(rank, size, std::move(access), options, origin, meeting);
   detail::tuneLinksIfAsked(*impl);
   return impl;
 }
@@ -195,17 +196,28 @@ Communicator Communicator::split(int color, int key) {
   std::vector<int32_t> all(2 * static_cast<size_t>(c.size()));
   allGather(mine, all.data(), 2, DataType::Int32);
   StoreAccess access = c.splitAccess(color);
-  if (color == kSplitNoColor) return Communicator(nullptr);
+  // The new communicators meet through this one's links (no rendezvous in the store), and every
+  // rank here takes part, those passing kSplitNoColor too.
   std::vector<std::pair<int32_t, int>> members;  // (key, rank here), in the new rank order
-  for (int r = 0; r < c.size(); ++r)
-    if (all[2 * static_cast<size_t>(r)] == color) members.emplace_back(all[2 * static_cast<size_t>(r) + 1], r);
+  if (color != kSplitNoColor)
+    for (int r = 0; r < c.size(); ++r)
+      if (all[2 * static_cast<size_t>(r)] == color) members.emplace_back(all[2 * static_cast<size_t>(r) + 1], r);
   std::sort(members.begin(), members.end());
-  const int newRank = static_cast<int>(
-      std::find(members.begin(), members.end(), std::make_pair(static_cast<int32_t>(key), c.rank())) - members.begin());
+  std::vector<int> ranks;
+  for (const auto& m : members) ranks.push_back(m.second);
+  detail::SplitMeeting meeting(*this, ranks);
+  if (color == kSplitNoColor) {
+    const Deadline deadline(initTimeoutOf(c.options()));
+    meeting.swap({}, "", deadline);
+    meeting.done("", deadline);
+    return Communicator(nullptr);
+  }
+  const int newRank = static_cast<int>(std::find(ranks.begin(), ranks.end(), c.rank()) - ranks.begin());
   LogRankScope scope(newRank);
   return Communicator(joinThrough(
       newRank, static_cast<int>(members.size()), std::move(access), childOptions(c),
-      strFormat("split from communicator \"%s\" (rank %d there, color %d)", c.name().c_str(), c.rank(), color)));
+      strFormat("split from communicator \"%s\" (rank %d there, color %d)", c.name().c_str(), c.rank(), color),
+      &meeting));
 }
 
 Communicator Communicator::group(const std::vector<int>& ranks, const std::string& name, const Options* options) {

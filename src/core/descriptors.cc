@@ -70,8 +70,18 @@ void releaseDescriptors(size_t more) {
   promised -= std::min(promised, more);
 }
 
-std::string makeRoomForDescriptors(size_t more) {
+std::string makeRoomForDescriptors(size_t more, bool mustFit) {
   std::lock_guard<std::mutex> lock(mu);
+  // Counting is a walk of /proc/self/fd, whose length grows with the links of every rank in the
+  // process (ranks as threads: quadratic in all); skip it where no answer would change anything.
+  if (!mustFit) {
+    rlimit l{};
+    if (getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur == RLIM_INFINITY || l.rlim_cur == l.rlim_max ||
+        raiseLimitParam() == 0) {
+      promised += more;  // as if counted: the caller releases it
+      return std::string();
+    }
+  }
   const std::string why = roomLocked(more);
   if (why.empty()) promised += more;
   return why;

@@ -16,7 +16,9 @@ size_t openDescriptors();
 /// hard limit when it is short (logged at INFO). Returns "" when there is room, and the room is
 /// promised until releaseDescriptors(more) (once they are open, they count as such); else why
 /// not (the count, the limits), for an error message, and nothing is promised. Thread-safe.
-std::string makeRoomForDescriptors(size_t more);
+/// With mustFit false (room wanted, not needed: a shortage is only worth a log line) it returns ""
+/// without counting where the soft limit cannot be raised anyway.
+std::string makeRoomForDescriptors(size_t more, bool mustFit = true);
 void releaseDescriptors(size_t more);
 
 }  // namespace loom

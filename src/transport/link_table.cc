@@ -101,7 +101,7 @@ void LinkTable::connect(TransportContext& ctx) {
               static_cast<size_t>(std::max(0, transports_[t]->descriptorsPerLink(ctx)));
   }
   if (likely > 0) {
-    const std::string why = makeRoomForDescriptors(likely);
+    const std::string why = makeRoomForDescriptors(likely, /*mustFit=*/false);
     if (why.empty())
       releaseDescriptors(likely);
     else

@@ -82,10 +82,13 @@ def store_req(op, key, value=b""):
 write("store_request", "set_get_add",
       store_req(1, b"rank/0", b"\x01\x02\x03") + store_req(2, b"rank/0") + store_req(3, b"counter", struct.pack("<q", 1)))
 write("store_request", "empty_key", store_req(2, b""))
+write("store_request", "wait", store_req(6, b"joined/all", struct.pack("<I", 250)))
 
 # --- store_server: byte 0 bit 0 = authenticate first, then raw bytes (store_server_fuzz.cc) ---
 write("store_server", "requests", b"\x01" + store_req(1, b"k", b"v") + store_req(2, b"k") +
       store_req(3, b"n", struct.pack("<q", 5)))
+write("store_server", "wait_then_set", b"\x01" + store_req(6, b"w", struct.pack("<I", 100)) + store_req(1, b"w", b"v") +
+      store_req(6, b"w", struct.pack("<I", 60000)))
 write("store_server", "client_hello_wrong_mac", b"\x00LOOMSTC1" + bytes(range(16)) + bytes(32))
 write("store_server", "http", b"\x00GET / HTTP/1.0\r\n\r\n")
 write("store_server", "huge_length", b"\x01" + struct.pack("<I", 0xFFFFFFF0) + b"\x01")

@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "bootstrap/tcp_store_server.hpp"
 #include "common/ranks.hpp"
 #include "loom/loom.h"
 #include "loom/loom.hpp"
@@ -115,6 +118,70 @@ TEST(Split, MismatchAndBadColorAreErrors) {
     EXPECT_NE(r.error.find("all_gather"), std::string::npos) << r.error;
     EXPECT_NE(r.error.find("all_reduce"), std::string::npos) << r.error;
   }
+}
+
+// A split meets through its parent's links: over TCP (links made on first use) neither the split
+// nor the new communicators' first collectives send the store a single request.
+TEST(Split, MeetsThroughTheParentNotTheStore) {
+  loomtest::TransportSetup links("tcp");
+  std::atomic<uint64_t> before{0}, after{0};
+  loomtest::runOk(6, [&](loom::Communicator& c) {
+    c.barrier();  // everyone is past init, which does use the store
+    if (c.rank() == 0) before = loom::TcpStoreServer::servedInProcess();
+    c.barrier();
+    loom::Communicator part = c.split(c.rank() % 3 == 0 ? loom::kSplitNoColor : c.rank() % 2, c.rank());
+    if (part.valid()) {
+      int32_t x = 1;
+      part.allReduce(&x, &x, 1, DataType::Int32, ReduceOp::Sum);
+      EXPECT_EQ(x, 2);
+    }
+    c.barrier();
+    if (c.rank() == 0) after = loom::TcpStoreServer::servedInProcess();
+  });
+  EXPECT_EQ(after.load() - before.load(), 0u);
+}
+
+// A record longer than its slot (a long host identity here) takes the second round of the swap.
+TEST(Split, LongRecordsStillMeet) {
+  loom::Options options;
+  options.hostId = std::string(700, 'h');  // one node all the same, named at length
+  loomtest::runOk(
+      5,
+      [](loom::Communicator& c) {
+        loom::Communicator part = c.split(c.rank() % 2, -c.rank());
+        EXPECT_EQ(part.size(), c.rank() % 2 == 0 ? 3 : 2);
+        EXPECT_EQ(part.nodeCount(), 1);
+        std::vector<int32_t> v(33, c.rank());
+        part.allReduce(v.data(), v.data(), v.size(), DataType::Int32, ReduceOp::Sum);
+        EXPECT_EQ(v[32], c.rank() % 2 == 0 ? 6 : 4);
+      },
+      options);
+}
+
+// A new communicator that cannot set up its links fails on every member, each with its own error,
+// and the parent's collectives stay in step: it goes on working.
+TEST(Split, AFailedSetUpLeavesTheParentWorking) {
+  loomtest::TransportSetup links("tcp");
+  loomtest::runOk(4, [](loom::Communicator& c) {
+    c.barrier();
+    if (c.rank() == 0) setenv("LOOM_CONNECT", "sometimes", 1);  // read as the new links are set up
+    c.barrier();
+    try {
+      (void)c.split(c.rank() == 3 ? loom::kSplitNoColor : 0, 0);
+      if (c.rank() != 3) ADD_FAILURE() << "the split succeeded";
+    } catch (const loom::Error& e) {
+      EXPECT_EQ(e.code(), loom::ErrorCode::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("LOOM_CONNECT=sometimes"), std::string::npos) << e.what();
+    }
+    c.barrier();
+    if (c.rank() == 0) unsetenv("LOOM_CONNECT");
+    c.barrier();
+    int32_t x = 1;
+    c.allReduce(&x, &x, 1, DataType::Int32, ReduceOp::Sum);
+    EXPECT_EQ(x, 4);
+    loom::Communicator again = c.split(c.rank() % 2, 0);
+    again.barrier();
+  });
 }
 
 // Communicator::group: made by its members alone, ranked in the order listed; overlapping groups;

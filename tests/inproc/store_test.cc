@@ -39,6 +39,20 @@ bool strayIsClosed(const SockAddr& addr, const Bytes& bytes) {
 
 Bytes text(const char* s) { return Bytes(s, s + std::strlen(s)); }
 
+// Reads the store's hello on `fd` and makes the client's answer that proves `key` (a client
+// written by hand, to send what TcpStoreClient would not).
+bool clientHello(int fd, const JobKey& key, Bytes* msg) {
+  uint8_t hello[24];
+  if (recvAll(fd, hello, 24, Deadline(2s)) != 0) return false;
+  Nonce sn, cn = randomNonce();
+  std::memcpy(sn.data(), hello + 8, 16);
+  Mac m = computeMac(key, "store-client", sn, cn);
+  *msg = text("LOOMSTC1");
+  msg->insert(msg->end(), cn.begin(), cn.end());
+  msg->insert(msg->end(), m.begin(), m.end());
+  return true;
+}
+
 }  // namespace
 
 TEST(Store, SetGetAddAcrossClients) {
@@ -183,6 +197,68 @@ TEST(Store, PortTakenSaysWhatToDo) {
   }
 }
 
+// A wait is answered by the server when the key is set (one request per quarter second of
+// waiting, not a poll every few milliseconds), or empty at the deadline.
+TEST(Store, GetWaitsOnTheServerSide) {
+  JobKey key = deriveJobKey("wait");
+  TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);
+  TcpStoreClient waiter("127.0.0.1", server.port(), key, 0, Deadline(5s), 5s);
+  TcpStoreClient setter("127.0.0.1", server.port(), key, 1, Deadline(5s), 5s);
+  PrefixStore prefixed("p", std::make_shared<TcpStoreClient>("127.0.0.1", server.port(), key, 2, Deadline(5s), 5s));
+  const uint64_t before = TcpStoreServer::servedInProcess();
+  std::thread later([&] {
+    std::this_thread::sleep_for(1200ms);
+    setter.setString("k", "v");
+    setter.setString("p/k", "w");
+  });
+  auto v = waiter.get("k", Deadline(10s));
+  auto w = prefixed.get("k", Deadline(10s));
+  later.join();
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(std::string(v->begin(), v->end()), "v");
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(std::string(w->begin(), w->end()), "w");
+  // 1.2 s in slices of 250 ms: about 6 requests, and the two sets; a poll would be dozens.
+  EXPECT_LT(TcpStoreServer::servedInProcess() - before, 16u);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(waiter.get("never", Deadline(400ms)).has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 390ms);
+}
+
+// Requests a client sends behind a wait are served after it, in order: a set queued behind a wait
+// for its own key does not answer that wait.
+TEST(Store, RequestsBehindAWaitKeepTheirOrder) {
+  JobKey key = deriveJobKey("wait-order");
+  TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);
+  SockAddr addr = SockAddr::resolve("127.0.0.1", server.port()).front();
+  int err = 0;
+  Socket s = connectTo(addr, Deadline(2s), &err);
+  Bytes msg;
+  ASSERT_TRUE(clientHello(s.fd(), key, &msg));
+  Bytes ms(4);
+  storewire::putU32(ms.data(), 300);
+  for (const Bytes& req : {storewire::encodeRequest(storewire::Op::Wait, "k", ms),
+                           storewire::encodeRequest(storewire::Op::Set, "k", text("v")),
+                           storewire::encodeRequest(storewire::Op::TryGet, "k", {})})
+    msg.insert(msg.end(), req.begin(), req.end());
+  ASSERT_EQ(sendAll(s.fd(), msg.data(), msg.size(), Deadline(2s)), 0);
+  uint8_t proof[32];
+  ASSERT_EQ(recvAll(s.fd(), proof, 32, Deadline(2s)), 0);
+  std::vector<std::pair<uint8_t, std::string>> replies;
+  for (int i = 0; i < 3; ++i) {
+    uint8_t head[5];
+    ASSERT_EQ(recvAll(s.fd(), head, 5, Deadline(5s)), 0);
+    std::string payload(storewire::getU32(head) - 1, '\0');
+    if (!payload.empty()) {
+      ASSERT_EQ(recvAll(s.fd(), payload.data(), payload.size(), Deadline(2s)), 0);
+    }
+    replies.emplace_back(head[4], payload);
+  }
+  EXPECT_EQ(replies[0].first, static_cast<uint8_t>(storewire::Reply::NotFound));  // its time passed
+  EXPECT_EQ(replies[1].first, static_cast<uint8_t>(storewire::Reply::Ok));
+  EXPECT_EQ(replies[2], std::make_pair(static_cast<uint8_t>(storewire::Reply::Ok), std::string("v")));
+}
+
 TEST(Store, StrayClientsAreDroppedAndTheStoreGoesOn) {
   JobKey key = deriveJobKey("stray");
   TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);
@@ -196,14 +272,8 @@ TEST(Store, StrayClientsAreDroppedAndTheStoreGoesOn) {
   {
     int err = 0;
     Socket s = connectTo(addr, Deadline(2s), &err);
-    uint8_t hello[24];
-    ASSERT_EQ(recvAll(s.fd(), hello, 24, Deadline(2s)), 0);
-    Nonce sn, cn = randomNonce();
-    std::memcpy(sn.data(), hello + 8, 16);
-    Mac m = computeMac(key, "store-client", sn, cn);
-    Bytes msg = text("LOOMSTC1");
-    msg.insert(msg.end(), cn.begin(), cn.end());
-    msg.insert(msg.end(), m.begin(), m.end());
+    Bytes msg;
+    ASSERT_TRUE(clientHello(s.fd(), key, &msg));
     ASSERT_EQ(sendAll(s.fd(), msg.data(), msg.size(), Deadline(2s)), 0);
     uint8_t proof[32];
     EXPECT_EQ(recvAll(s.fd(), proof, 32, Deadline(2s)), 0);
@@ -248,7 +318,14 @@ TEST_P(StoreStrays, JobFormsAndRunsDespiteStrays) {
         for (const Bytes& b : {text("\x16\x03\x01 garbage"), wrongKey, hugeLen})
           storeRejected += strayIsClosed(f.store, b) ? 1 : 0;
         for (int r = 1; r < 4; ++r) {
-          auto ep = spy.tryGet(prefix + "/tcp/" + std::to_string(r));
+          // Each rank's record (comm/meeting.hpp) holds what its transports published.
+          auto record = spy.tryGet(prefix + "/record/" + std::to_string(r));
+          std::vector<std::pair<std::string, Bytes>> pairs;
+          std::string why;
+          std::optional<Bytes> ep;
+          if (record && storewire::decodePairs(*record, &pairs, &why))
+            for (auto& [k, v] : pairs)
+              if (k == "tcp/" + std::to_string(r)) ep = v;
           SockAddr peer;
           // The record: an interface count, then each interface's address and name.
           if (!ep || ep->size() < 1 + SockAddr::kWireBytes || !SockAddr::fromWire(ep->data() + 1, &peer)) continue;

@@ -4,9 +4,12 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "bootstrap/store_protocol.hpp"
+#include "core/deadline.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
 #include "transport/ib/ib_connection.hpp"
@@ -18,6 +21,8 @@ namespace {
 
 // What a peer that ended without a BYE may have left in the store is asked for this long.
 constexpr std::chrono::milliseconds kLastWordWait(250);
+// How long an orderly goodbye waits for the completions of writes the peer has taken.
+constexpr std::chrono::milliseconds kByeGrace(200);
 // A BYE longer than this is not one.
 constexpr uint32_t kMaxSideBye = 64 << 10;
 
@@ -77,6 +82,19 @@ void IbConnection::sideEnded(const std::string* why) noexcept {
   while (!closed_ && pollLocked()) {
   }
   if (closed_) return unlock(lock);
+  // A peer that said goodbye took what was written to it: writes whose completion alone is still
+  // to come (the adapter has the acknowledgement in hand, or soon) complete, not fail.
+  if (why != nullptr && !writing_.empty() && awaitingCts_.empty() && incoming_.empty() && !matcher_.anyPosted()) {
+    const Deadline grace(kByeGrace);
+    while (!closed_ && !writing_.empty() && !grace.expired()) {
+      if (!pollLocked()) {
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        lock.lock();
+      }
+    }
+    if (closed_) return unlock(lock);
+  }
   const bool pending = pendingLocked();
   Status st;
   if (why != nullptr) {

@@ -36,6 +36,7 @@ struct OnDemandLinks::Link {
   std::vector<bool> dialing;  // a dialled socket is open for the index
   std::vector<Clock::time_point> retryAt;
   Clock::time_point deadline;
+  Clock::time_point asked;  // when it left Idle: its first use here, or the peer's first dial
   std::string lastError;
   bool refused = false;        // a dial was refused: nobody listens there any more
   bool noDescriptors = false;  // this process has no descriptor left for a socket
@@ -121,17 +122,21 @@ void OnDemandLinks::linkTo(int peer) noexcept {
     auto it = links_.find(peer);
     if (it == links_.end() || it->second.state != Link::Idle) return;
     it->second.state = Link::Dialing;
-    it->second.deadline = Clock::now() + timeout_;
+    it->second.asked = Clock::now();
+    it->second.deadline = it->second.asked + timeout_;
   }
   armTimer(std::chrono::milliseconds(0));
 }
 
 void OnDemandLinks::armTimer(std::chrono::milliseconds after) noexcept {
-  // Never later than it is set for already (a stream of accepts must not hold a due tick off).
-  itimerspec now{};
-  if (timerfd_gettime(timer_->fd(), &now) == 0 && (now.it_value.tv_sec != 0 || now.it_value.tv_nsec != 0) &&
-      std::chrono::seconds(now.it_value.tv_sec) + std::chrono::nanoseconds(now.it_value.tv_nsec) <= after)
-    return;
+  // Never later than it is set for already (a stream of accepts must not hold a due tick off),
+  // and under a lock: the application's thread asks for a tick now while the engine's arms the
+  // next one, and a check-then-set of the timer itself could put the sooner one off (a dial
+  // made 50 ms late).
+  std::lock_guard<std::mutex> lock(timerMu_);
+  const auto at = Clock::now() + after;
+  if (at >= armedFor_) return;  // it fires sooner, or has fired and its tick is to come
+  armedFor_ = at;
   itimerspec spec{};
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(after).count();
   spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
@@ -140,6 +145,10 @@ void OnDemandLinks::armTimer(std::chrono::milliseconds after) noexcept {
 }
 
 void OnDemandLinks::tick() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(timerMu_);
+    armedFor_ = Clock::time_point::max();  // fired: the next armTimer sets it again
+  }
   ++ticks_;
   const auto now = Clock::now();
   std::vector<int> late;
@@ -319,8 +328,12 @@ void OnDemandLinks::onConnectorHello(Pending& p) {
     Link& l = links_.at(from);
     switch (l.state) {
       case Link::Up:
+        // A higher rank's socket sent before our yield reached it (dials that crossed): it drops
+        // the rest of its dial on its own.
+        if (ctx_.rank < from) return drop(p, unexpected + ": the link is up", false);
+        return drop(p, unexpected + ": the link is up", true);
       case Link::Failed:
-        return drop(p, unexpected + ": the link is " + (l.state == Link::Up ? "up" : "failed"), true);
+        return drop(p, unexpected + ": the link is failed", true);
       case Link::Dialing:
         if (ctx_.rank < from) {
           yield = true;  // our dial is the one kept
@@ -331,7 +344,8 @@ void OnDemandLinks::onConnectorHello(Pending& p) {
         break;
       case Link::Idle:
         l.state = Link::Accepting;
-        l.deadline = Clock::now() + timeout_;
+        l.asked = Clock::now();
+        l.deadline = l.asked + timeout_;
         armTimer(kTick);
         break;
       case Link::Accepting:
@@ -369,6 +383,8 @@ void OnDemandLinks::drop(Pending& p, const std::string& why, bool stray) noexcep
   l.dialing[static_cast<size_t>(p.index)] = false;
   l.retryAt[static_cast<size_t>(p.index)] = Clock::now() + kRetryAfter;
   l.lastError = p.remote + ": " + why;
+  LOOM_TRACE("tcp: rank %d's dial %d of its link to rank %d closed (%s); redialled in %lld ms", ctx_.rank, p.index,
+             p.peer, why.c_str(), static_cast<long long>(kRetryAfter.count()));
 }
 
 void OnDemandLinks::abandonDial(int peer) {
@@ -391,6 +407,7 @@ void OnDemandLinks::formed(Pending& p) noexcept {
   ctx_.engine->remove(p.sock.fd());
   tuneDataSocket(p.sock.fd());
   std::vector<Socket> socks;
+  double tookMs = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Link& l = links_.at(peer);
@@ -406,6 +423,7 @@ void OnDemandLinks::formed(Pending& p) noexcept {
     if (l.have < sockets_) return;
     l.state = Link::Up;
     socks.swap(l.socks);
+    tookMs = std::chrono::duration<double, std::milli>(Clock::now() - l.asked).count();
   }
   try {
     auto conn =
@@ -413,7 +431,7 @@ void OnDemandLinks::formed(Pending& p) noexcept {
                                         options_, describe_(peer, remote_.at(peer)), ctx_.lastWordOf);
     sink_->adopt(peer, *conn);
     conn->start();
-    LOOM_INFO("%s (linked on first use)", conn->describe().c_str());
+    LOOM_INFO("%s (linked on first use, in %.1f ms)", conn->describe().c_str(), tookMs);
     sink_->linked(peer, std::move(conn));
   } catch (...) {
     const Status s = statusFromCurrentException();

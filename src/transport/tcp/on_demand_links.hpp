@@ -80,6 +80,8 @@ class OnDemandLinks {
   std::vector<std::unique_ptr<Listener>> listeners_;
   std::unique_ptr<Timer> timer_;
   std::mutex mu_;
+  std::mutex timerMu_;  // armTimer's, and armedFor_
+  std::chrono::steady_clock::time_point armedFor_ = std::chrono::steady_clock::time_point::max();
   std::map<int, Link> links_;                      // by peer; guarded by mu_
   std::vector<std::unique_ptr<Pending>> pending_;  // engine thread only
   uint64_t ticks_ = 0;                             // engine thread only

@@ -1,0 +1,169 @@
+#include "comm/meeting.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "bootstrap/store_protocol.hpp"
+#include "comm/flight_recorder.hpp"
+#include "core/format.hpp"
+#include "core/status.hpp"
+
+namespace loom {
+namespace detail {
+
+namespace {
+constexpr char kFailed[] = "failed: ";  // a record or a mark that says why its rank failed
+std::string textOf(const Bytes& b) { return std::string(b.begin(), b.end()); }
+}  // namespace
+
+StoreMeeting::StoreMeeting(Store& store, int rank, int size, std::string name, std::string endpoint, bool hosting)
+    : store_(store),
+      rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      endpoint_(std::move(endpoint)),
+      hosting_(hosting) {}
+
+bool StoreMeeting::arrive(const std::string& counter, const std::string& marker, const Deadline& deadline,
+                          std::vector<int>* missing) {
+  const std::string all = counter + "/all";
+  if (store_.add(counter, 1) == size_) {
+    store_.setString(all, "1");
+    return true;
+  }
+  if (store_.get(all, deadline)) return true;
+  // Who is missing: asked once, on the way to an error.
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(marker + std::to_string(r));
+  const auto got = store_.tryGetMany(keys);
+  missing->clear();
+  for (int r = 0; r < size_; ++r)
+    if (!got[static_cast<size_t>(r)]) missing->push_back(r);
+  if (missing->empty()) return static_cast<bool>(store_.tryGet(all));  // all came just now
+  return false;
+}
+
+std::vector<Bytes> StoreMeeting::swap(const Bytes& mine, const std::string& failed, const Deadline& deadline) {
+  const std::string me = std::to_string(rank_);
+  const std::string mark = failed.empty() ? std::string() : failedMark(failed);
+  store_.set("record/" + me, failed.empty() ? mine : Bytes(mark.begin(), mark.end()));
+  // The rank hosting the store waits a little longer than the others, so that they can still ask
+  // the store who is missing when their own deadline passes.
+  const Deadline joinBy(std::chrono::milliseconds(deadline.remainingMs()) +
+                        (hosting_ ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0)));
+  std::vector<int> absent;
+  if (!arrive("joined", "record/", joinBy, &absent)) {
+    LOOM_THROW(ErrorCode::Timeout, rank_,
+               strFormat("only %d of %d ranks joined communicator \"%s\" at %s within %.0f s; missing rank(s) %s. "
+                         "Did they start, with the same world size and MASTER_ADDR/MASTER_PORT? (LOOM_INIT_TIMEOUT "
+                         "sets the wait)",
+                         size_ - static_cast<int>(absent.size()), size_, name_.c_str(), endpoint_.c_str(),
+                         deadline.totalSeconds(), rankList(absent).c_str()));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back("record/" + std::to_string(r));
+  std::vector<Bytes> records;
+  std::vector<std::string> missing;
+  if (!store_.getAll(keys, deadline, &records, &missing))
+    LOOM_THROW(ErrorCode::Timeout, rank_, strFormat("%s did not arrive in time", missing.front().c_str()));
+  return records;
+}
+
+void StoreMeeting::done(const std::string& failed, const Deadline& deadline) {
+  if (!failed.empty()) {
+    // The others learn why from the link that fails or from this rank's last word; they stop
+    // waiting for it at their deadline.
+    return;
+  }
+  store_.setString("ready/" + std::to_string(rank_), "1");
+  std::vector<int> absent;
+  if (!arrive("ready", "ready/", deadline, &absent)) {
+    LOOM_THROW(ErrorCode::Timeout, rank_,
+               strFormat("rank(s) %s did not finish connecting within %.0f s", rankList(absent).c_str(),
+                         deadline.totalSeconds()));
+  }
+}
+
+Bytes JoinStore::takeRecord() {
+  Bytes out = storewire::encodePairs(kept_);
+  kept_.clear();
+  return out;
+}
+
+bool JoinStore::learn(const Bytes& record) {
+  std::vector<std::pair<std::string, Bytes>> pairs;
+  std::string why;
+  if (!storewire::decodePairs(record, &pairs, &why)) return false;
+  for (auto& [k, v] : pairs) known_[k] = std::move(v);
+  return true;
+}
+
+void JoinStore::set(const std::string& key, const Bytes& value) {
+  if (recording_) {
+    kept_.emplace_back(key, value);
+    return;
+  }
+  base_->set(key, value);
+}
+
+void JoinStore::setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) {
+  if (recording_) {
+    kept_.insert(kept_.end(), pairs.begin(), pairs.end());
+    return;
+  }
+  base_->setMany(pairs);
+}
+
+std::optional<Bytes> JoinStore::tryGet(const std::string& key) {
+  if (auto it = known_.find(key); it != known_.end()) return it->second;
+  return base_->tryGet(key);
+}
+
+std::vector<std::optional<Bytes>> JoinStore::tryGetMany(const std::vector<std::string>& keys) {
+  std::vector<std::optional<Bytes>> out(keys.size());
+  std::vector<std::string> ask;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (auto it = known_.find(keys[i]); it != known_.end()) {
+      out[i] = it->second;
+    } else {
+      ask.push_back(keys[i]);
+      where.push_back(i);
+    }
+  }
+  if (!ask.empty()) {
+    auto got = base_->tryGetMany(ask);
+    for (size_t j = 0; j < where.size(); ++j) out[where[j]] = std::move(got[j]);
+  }
+  return out;
+}
+
+std::optional<Bytes> JoinStore::get(const std::string& key, const Deadline& deadline) {
+  if (auto it = known_.find(key); it != known_.end()) return it->second;
+  return base_->get(key, deadline);
+}
+
+std::optional<Bytes> JoinStore::tryGetBounded(const std::string& key, std::chrono::milliseconds limit) {
+  if (auto it = known_.find(key); it != known_.end()) return it->second;
+  return base_->tryGetBounded(key, limit);
+}
+
+/// Decodes the swapped records into `store`; a rank whose record says it failed is named.
+void learnRecords(JoinStore& store, const std::vector<Bytes>& records, int rank) {
+  for (size_t r = 0; r < records.size(); ++r) {
+    const std::string text = textOf(records[r]);
+    if (text.rfind(kFailed, 0) == 0) {
+      LOOM_THROW_PEER(ErrorCode::Remote, rank, static_cast<int>(r),
+                      strFormat("rank %zu could not join: %s", r, text.substr(std::strlen(kFailed)).c_str()));
+    }
+    if (!store.learn(records[r])) {
+      LOOM_THROW_PEER(ErrorCode::Remote, rank, static_cast<int>(r),
+                      strFormat("rank %zu sent a record this rank cannot read (mixed Loom versions?)", r));
+    }
+  }
+}
+
+std::string failedMark(const std::string& why) { return kFailed + why; }
+
+}  // namespace detail
+}  // namespace loom

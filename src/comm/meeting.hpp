@@ -1,0 +1,99 @@
+// How the ranks of a communicator being made meet: each rank's record (its host, its machine and
+// what its transports publish: addresses, segment names) goes to every other, and the ranks wait
+// for one another once their links are set up.
+//
+// A new communicator meets through its store (StoreMeeting): one write, an arrival count and a wait
+// per rank, then one read of all the records, so that the store's load is a few requests per
+// rank however long the ranks take to come (no rank polls a growing list of keys). A communicator
+// split from another meets through its parent's links (SplitMeeting, comm/communicator.cc): no
+// new rendezvous.
+//
+// JoinStore is the store the joining rank's transports see: what they write while publishing
+// becomes the record, and the records, once swapped, answer reads before the store is asked.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+#include "core/deadline.hpp"
+
+namespace loom {
+namespace detail {
+
+class Meeting {
+ public:
+  virtual ~Meeting() = default;
+  /// Every rank's record, in rank order (this rank's own included). `mine` empty with `failed`
+  /// set: this rank failed before it had one (why: `failed`), and takes part so that the others
+  /// do not wait for it. Throws naming the ranks that did not come or failed.
+  virtual std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline) = 0;
+  /// Returns once every rank has set up its links; `failed` non-empty: this rank could not (it
+  /// takes part, then its caller throws its own error). Throws naming the ranks that failed or
+  /// did not come.
+  virtual void done(const std::string& failed, const Deadline& deadline) = 0;
+};
+
+/// What a rank that failed before it had a record sends instead (Meeting::swap).
+std::string failedMark(const std::string& why);
+
+class JoinStore;
+/// Adds the swapped records to `store`'s reads; throws naming a rank whose record says it failed
+/// or does not decode.
+void learnRecords(JoinStore& store, const std::vector<Bytes>& records, int rank);
+
+/// Meets through the communicator's store. `hosting`: this rank hosts the store, and waits a
+/// little longer, so that the others can still ask it who is missing when their deadline passes.
+class StoreMeeting : public Meeting {
+ public:
+  StoreMeeting(Store& store, int rank, int size, std::string name, std::string endpoint, bool hosting);
+  std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline) override;
+  void done(const std::string& failed, const Deadline& deadline) override;
+
+ private:
+  /// Counts this rank in at `counter` and waits for all (the last one in says so at counter/all).
+  /// False on the deadline, with the ranks whose `marker` key is not set in *missing.
+  bool arrive(const std::string& counter, const std::string& marker, const Deadline& deadline,
+              std::vector<int>* missing);
+
+  Store& store_;
+  int rank_, size_;
+  std::string name_, endpoint_;
+  bool hosting_;
+};
+
+/// The store a joining rank's transports publish to and read from.
+class JoinStore : public Store {
+ public:
+  explicit JoinStore(std::shared_ptr<Store> base) : base_(std::move(base)) {}
+
+  /// While recording, writes are kept as this rank's record and not sent.
+  void record(bool on) { recording_ = on; }
+  /// The record kept (encoded) and forgets it.
+  Bytes takeRecord();
+  /// Adds a rank's record to what reads find first. False when it does not decode.
+  bool learn(const Bytes& record);
+
+  void set(const std::string& key, const Bytes& value) override;
+  void setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) override;
+  std::optional<Bytes> tryGet(const std::string& key) override;
+  std::vector<std::optional<Bytes>> tryGetMany(const std::vector<std::string>& keys) override;
+  std::optional<Bytes> get(const std::string& key, const Deadline& deadline) override;
+  int64_t add(const std::string& key, int64_t delta) override { return base_->add(key, delta); }
+  bool setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit) override {
+    return base_->setBounded(key, value, limit);
+  }
+  std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit) override;
+
+ private:
+  std::shared_ptr<Store> base_;
+  bool recording_ = false;
+  std::vector<std::pair<std::string, Bytes>> kept_;
+  std::map<std::string, Bytes> known_;  // the records swapped: read-only once the join goes on
+};
+
+}  // namespace detail
+}  // namespace loom

@@ -1,0 +1,30 @@
+// SplitMeeting: the ranks of a communicator split from another meet through the parent's links
+// (Communicator::split): an all-gather over the parent swaps the records, one more says who set up
+// its links. Every rank of the parent takes part, those that join no new communicator too, so
+// the parent's collectives stay in step whatever fails on the way.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/meeting.hpp"
+#include "loom/loom.hpp"
+
+namespace loom {
+namespace detail {
+
+class SplitMeeting : public Meeting {
+ public:
+  /// `members`: the parent's ranks that form this rank's new communicator, in their new order
+  /// (empty on a rank that joins none).
+  SplitMeeting(Communicator& parent, std::vector<int> members) : parent_(parent), members_(std::move(members)) {}
+  std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline) override;
+  void done(const std::string& failed, const Deadline& deadline) override;
+
+ private:
+  Communicator& parent_;
+  std::vector<int> members_;
+};
+
+}  // namespace detail
+}  // namespace loom
