@@ -8,6 +8,8 @@
 //
 // The line: "loom <threads|processes> N init_ms first_ms split_ms links_per_rank fds_per_rank ok"
 // (times: the slowest rank's, from a common start), or "... failed <why>" when a stage fails.
+// Processes start one after another (loomrun forks them in turn): their init is timed from each
+// one's own start, and the line ends with the init timed from the last one's start as well.
 // Split: color rank / (N / G), key rank (G groups of N / G; fewer when G does not divide N).
 #include <sys/resource.h>
 
@@ -55,6 +57,11 @@ void raiseDescriptorLimit() {
     l.rlim_cur = l.rlim_max;
     setrlimit(RLIMIT_NOFILE, &l);
   }
+}
+
+/// The wall clock in ms, which processes of one machine share (their steady clocks need not).
+double wallMs() {
+  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 double msSince(Clock::time_point t0, Clock::time_point t) {
@@ -165,6 +172,7 @@ int runProcesses(int groups) {
   // The id comes through the launcher's store, as Communicator::fromEnv does; the clock starts
   // when this process starts its init (processes start at different times: the slowest counts).
   const Clock::time_point t0 = Clock::now();
+  const double startWall = wallMs();
   Figures f;
   int fdsAfterInit = 0;  // after init and a first all-reduce
   std::optional<loom::Communicator> comm;
@@ -173,6 +181,7 @@ int runProcesses(int groups) {
     opt.name = "scale";
     comm.emplace(loom::Communicator::fromEnv(opt));
     f.init = msSince(t0, Clock::now());
+    const double initEndWall = wallMs();
     comm->barrier();
     Clock::time_point t1 = Clock::now();
     uint64_t one = 1, sum = 0;
@@ -185,13 +194,14 @@ int runProcesses(int groups) {
     const int per = std::max(1, size / std::max(1, groups));
     loom::Communicator sub = comm->split(rank / per, rank);
     f.split = msSince(t2, Clock::now());
-    double figures[5] = {f.init, f.first, f.split, static_cast<double>(f.links),
-                         static_cast<double>(fdsAfterInit - fds0)};
-    double worst[5] = {0, 0, 0, 0, 0};
-    comm->allReduce(figures, worst, 5, loom::DataType::Float64, loom::ReduceOp::Max);
+    double figures[7] = {
+        f.init,    f.first,    f.split, static_cast<double>(f.links), static_cast<double>(fdsAfterInit - fds0),
+        startWall, initEndWall};
+    double worst[7] = {0, 0, 0, 0, 0, 0, 0};
+    comm->allReduce(figures, worst, 7, loom::DataType::Float64, loom::ReduceOp::Max);
     if (rank == 0)
-      std::printf("loom processes %d %.1f %.2f %.1f %d %.1f ok\n", size, worst[0], worst[1], worst[2],
-                  static_cast<int>(worst[3]), worst[4]);
+      std::printf("loom processes %d %.1f %.2f %.1f %d %.1f ok %.1f\n", size, worst[0], worst[1], worst[2],
+                  static_cast<int>(worst[3]), worst[4], worst[6] - worst[5]);
   } catch (const std::exception& e) {
     std::printf("loom processes %d failed rank %d: %s\n", size, rank, e.what());
     return 1;

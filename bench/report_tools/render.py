@@ -400,8 +400,10 @@ def render_scale(res_doc):
                 if key == "gloo threads":
                     row += [f"{ms(r['init_ms'])} / {ms(r['first_ms'])}", f"{r['links']:.0f} / {r['fds']:.0f}"]
                 else:
-                    row += [ms(r["init_ms"]), ms(r["first_ms"]), ms(r["split_ms"]),
-                            f"{r['links']:.0f} / {r['fds']:.0f}"]
+                    init = ms(r["init_ms"])
+                    if "init_last_ms" in r:
+                        init += f" ({ms(r['init_last_ms'])})"
+                    row += [init, ms(r["first_ms"]), ms(r["split_ms"]), f"{r['links']:.0f} / {r['fds']:.0f}"]
             if len(row) > 1 and any(row[1:]):
                 rows.append(row)
         headers = ["N", f"{first}: init", "first all-reduce", f"split into {d['groups']}", "links / fds per rank",
@@ -418,7 +420,32 @@ def render_scale(res_doc):
                "those a rank holds after init and a first all-reduce (processes: and a barrier before it); "
                "descriptors per rank are those opened by init and a first all-reduce (threads: the process's, divided by "
                "N; processes: the most any rank opened, the rank that serves the store holding a socket per rank). "
+               "Processes start one after another (`loomrun` forks them in turn): their init is timed from each "
+               "one's own start, the first one's waiting for the last to come, and in brackets from the last "
+               "one's start. "
                "Gloo's init is its full-mesh connect; its first all-reduce is a ring.\n")
+    torch_rows = []
+    for n in sizes:
+        t, loom = by.get(("torch processes", n)), by.get(("loom processes tcp", n))
+        if t is None:
+            continue
+        if "failed" in t:
+            text = f"{n} ranks, torch processes: {t['failed'][:200]}"
+            notes.append(text)
+            torch_rows.append([str(n), f"failed ({len(notes)})", "", "", "", "", ""])
+            continue
+        ok = loom is not None and "failed" not in loom
+        torch_rows.append([str(n), ms(t["init_ms"]), ms(t["first_ms"]), ms(t["split_ms"]),
+                           f"{t['links']:.0f} / {t['fds']:.0f}", ms(loom["init_ms"]) if ok else "",
+                           ms(loom["split_ms"]) if ok else ""])
+    if torch_rows:
+        out += [f"\nPyTorch's Gloo backend (Debian's PyTorch), ranks as processes, beside Loom over TCP: "
+                f"`init_process_group(\"gloo\")` (its full mesh), a first all-reduce, and {d['groups']} "
+                "`new_group` calls that cut the job as the split does (every rank calls each; each group's "
+                "members form its mesh). The clock starts once every rank has imported torch.\n\n",
+                table(["N", "PyTorch Gloo: init", "first all-reduce", f"new_group × {d['groups']}",
+                       "links / fds per rank", "Loom processes over TCP: init", f"split into {d['groups']}"],
+                      torch_rows)]
     for i, text in enumerate(notes, 1):
         out.append(f"\n({i}) `{text}`\n")
     return "".join(out)

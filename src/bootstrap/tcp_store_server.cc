@@ -250,7 +250,10 @@ bool TcpStoreServer::handleRequests(Client& c) {
       return false;
     }
     pos += used;
-    served.fetch_add(1, std::memory_order_relaxed);
+    if (req.op != storewire::Op::Add || storewire::getI64(req.value.data()) != 0)
+      served.fetch_add(1, std::memory_order_relaxed);
+    LOOM_TRACE("rendezvous store: %s asks op %d for \"%s\"", c.peer.c_str(), static_cast<int>(req.op),
+               req.key.c_str());
     Bytes reply;
     switch (req.op) {
       case storewire::Op::Set:

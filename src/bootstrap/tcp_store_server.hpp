@@ -29,8 +29,9 @@ class TcpStoreServer {
   int port() const { return port_; }
   /// Connections refused so far (bad handshake, malformed requests): for tests and logs.
   int rejected() const { return rejected_.load(); }
-  /// Requests served by every store server of this process so far (what a test that a step
-  /// needs no store asks).
+  /// Requests served by every store server of this process so far, but reads of a counter (an
+  /// add of 0: what every sleeping communicator asks about once a second, to answer a dump
+  /// request): what a test that a step needs no store asks.
   static uint64_t servedInProcess();
 
  private:

@@ -12,15 +12,21 @@
 namespace loom {
 namespace {
 
-LOOM_PARAM_STR(connectParam, "LOOM_CONNECT", "lazy",
+LOOM_PARAM_STR(connectParam, "LOOM_CONNECT", "auto",
                "lazy: a TCP link is made the first time an operation needs that peer (a job that only all-reduces "
-               "holds O(log N) links per rank); eager: every peer is linked at init (a full mesh)");
+               "holds O(log N) links per rank); eager: every peer is linked at init (a full mesh); auto: eager up "
+               "to 8 ranks, lazy above");
 
-bool lazyLinks(int rank) {
+// Up to this many ranks a full mesh costs a few links, made at init, and the first operation
+// keeps its latency; above it, links are made on first use.
+constexpr int kEagerUpTo = 8;
+
+bool lazyLinks(int rank, int size) {
   const std::string v = connectParam();
-  if (v == "lazy" || v.empty()) return true;
+  if (v == "auto" || v.empty()) return size > kEagerUpTo;
+  if (v == "lazy") return true;
   if (v == "eager") return false;
-  LOOM_THROW(ErrorCode::InvalidArgument, rank, "LOOM_CONNECT=" + v + ": expected lazy or eager");
+  LOOM_THROW(ErrorCode::InvalidArgument, rank, "LOOM_CONNECT=" + v + ": expected auto, lazy or eager");
 }
 
 }  // namespace
@@ -77,7 +83,7 @@ void LinkTable::connect(TransportContext& ctx) {
     peersOf[t].push_back(r);
   }
   // Links made on first use hold no descriptor yet: room is made for them when they are.
-  const bool lazy = lazyLinks(rank_);
+  const bool lazy = lazyLinks(rank_, size_);
   const auto onDemand = [&](size_t t) { return lazy && transports_[t]->linksOnDemand(); };
   size_t descriptors = 0;
   for (size_t t = 0; t < transports_.size(); ++t)

@@ -48,8 +48,10 @@ class PerRankOptions {
 /// LOOM_TRANSPORT=^cuda_ipc), "tcp" (LOOM_TRANSPORT=tcp), "mixed" (two "nodes" by host identity, even and odd ranks:
 /// shared memory within each, TCP between), "mixed3" (three such nodes, r % 3); any other name is
 /// a transport of the registry, alone (LOOM_TRANSPORT=<name>); "ib" also loads the tests' verbs
-/// provider (LOOM_IBVERBS_LIBRARY from LOOM_TEST_VERBS_PROVIDER, which meson sets). Sets it up for
-/// the object's lifetime.
+/// provider (LOOM_IBVERBS_LIBRARY from LOOM_TEST_VERBS_PROVIDER, which meson sets). Where TCP links
+/// ranks, they are made on first use (LOOM_CONNECT=lazy, unless the test set LOOM_CONNECT): the
+/// default links the few ranks of most tests at init, and the tests are to cover both. Sets it up
+/// for the object's lifetime.
 class TransportSetup {
  public:
   explicit TransportSetup(const std::string& mode) {
@@ -64,6 +66,8 @@ class TransportSetup {
       setenv("LOOM_TRANSPORT", mode == "noipc" ? "^cuda_ipc" : mode.c_str(), 1);
       restoreEnv_ = true;
     }
+    if ((mode == "tcp" || mode == "mixed" || mode == "mixed3") && std::getenv("LOOM_CONNECT") == nullptr)
+      connect_.emplace("LOOM_CONNECT", "lazy");
     const char* provider = std::getenv("LOOM_TEST_VERBS_PROVIDER");
     if (mode == "ib" && provider != nullptr) verbsLibrary_.emplace("LOOM_IBVERBS_LIBRARY", provider);
   }
@@ -83,6 +87,7 @@ class TransportSetup {
   std::string old_;
   std::optional<PerRankOptions> perRank_;
   std::optional<EnvGuard> verbsLibrary_;
+  std::optional<EnvGuard> connect_;
 };
 
 /// The links every transport must pass the conformance tests over (tests/inproc/conformance_test.cc

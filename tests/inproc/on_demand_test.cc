@@ -1,4 +1,4 @@
-// Links made on first use (LOOM_CONNECT=lazy, the default; transport/on_demand_connection.hpp,
+// Links made on first use (LOOM_CONNECT=lazy, the default above 8 ranks; transport/on_demand_connection.hpp,
 // transport/tcp/on_demand_links.hpp): a rank links only the peers its operations touch, either
 // rank of a pair may need the link first (or both at once), operations posted before the link is
 // up keep their order and their place against receives from any source, and a peer that is gone
@@ -200,6 +200,22 @@ TEST(OnDemand, EagerLinksEveryPeerAtInit) {
   });
 }
 
+// The default (auto): a full mesh at init up to 8 ranks, where it is a few links and the first
+// operation keeps its latency; links on first use above.
+TEST(OnDemand, AutoLinksSmallJobsAtInitLargerOnFirstUse) {
+  loomtest::TransportSetup tcp("tcp");
+  loomtest::EnvGuard automatic("LOOM_CONNECT", "auto");
+  for (int n : {8, 9}) {
+    SCOPED_TRACE(n);
+    loomtest::runOk(n, [n](loom::Communicator& c) {
+      EXPECT_EQ(c.linkCount(), n <= 8 ? n - 1 : 0);
+      int32_t v = 1, sum = 0;
+      c.allReduce(&v, &sum, 1, DataType::Int32, loom::ReduceOp::Sum);
+      EXPECT_EQ(sum, n);
+    });
+  }
+}
+
 // Shared-memory links are made at init; TCP's, across nodes, on first use.
 TEST(OnDemand, AcrossNodesOnlyTheNetworkLinksWait) {
   loomtest::TransportSetup mixed("mixed");      // even and odd ranks on two nodes
@@ -220,7 +236,7 @@ TEST(OnDemand, AnUnknownSettingIsAClearError) {
   loomtest::EnvGuard bad("LOOM_CONNECT", "sometimes");
   auto results = loomtest::runRanks(2, [](loom::Communicator&) {});
   for (const auto& r : results)
-    EXPECT_NE(r.error.find("LOOM_CONNECT=sometimes: expected lazy or eager"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("LOOM_CONNECT=sometimes: expected auto, lazy or eager"), std::string::npos) << r.error;
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 // Connections that fail it (strays, scanners, other jobs, other communicators) are closed and
 // logged while setup goes on. After setup the listener stays open and turns every newcomer away.
 //
-// Links made on first use (LOOM_CONNECT=lazy, the default: on_demand_links.hpp) use the same
+// Links made on first use (LOOM_CONNECT=lazy, the default above 8 ranks: on_demand_links.hpp) use the same
 // handshake, started by whichever rank of the pair needs the link first; the acceptor of a dial
 // that crosses its own answers with HMAC(K, "peer-yield" ...) instead of its proof when it is the
 // lower rank (its own dial is kept), and the listeners stay open for them.
