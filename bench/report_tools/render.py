@@ -415,7 +415,8 @@ def render_scale(res_doc):
            scale_table(SCALE_ROWS, "Loom threads", "Loom processes")]
     tcp = scale_table(SCALE_TCP_ROWS, "Loom threads over TCP", "Loom processes over TCP")
     if tcp:
-        out += ["\nEvery pair over TCP (`LOOM_TRANSPORT=tcp`, as between nodes: links made on first use):\n\n", tcp]
+        out += ["\nEvery pair over TCP (`LOOM_TRANSPORT=tcp`, as between nodes: links made at init up to 8 ranks, "
+                "on first use above):\n\n", tcp]
     out.append(f"\nMedians of {d['repeats']} runs on {d['cores']} cores; times are the slowest rank's; links are "
                "those a rank holds after init and a first all-reduce (processes: and a barrier before it); "
                "descriptors per rank are those opened by init and a first all-reduce (threads: the process's, divided by "
