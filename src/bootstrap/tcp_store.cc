@@ -1,6 +1,8 @@
 #include "bootstrap/tcp_store.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <thread>
 

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -252,8 +253,7 @@ bool TcpStoreServer::handleRequests(Client& c) {
     pos += used;
     if (req.op != storewire::Op::Add || storewire::getI64(req.value.data()) != 0)
       served.fetch_add(1, std::memory_order_relaxed);
-    LOOM_TRACE("rendezvous store: %s asks op %d for \"%s\"", c.peer.c_str(), static_cast<int>(req.op),
-               req.key.c_str());
+    LOOM_TRACE("rendezvous store: %s asks op %d for \"%s\"", c.peer.c_str(), static_cast<int>(req.op), req.key.c_str());
     Bytes reply;
     switch (req.op) {
       case storewire::Op::Set:
