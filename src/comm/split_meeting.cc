@@ -21,7 +21,7 @@ std::vector<Bytes> SplitMeeting::swap(const Bytes& mine, const std::string& fail
   std::vector<uint8_t> slot(kSlot, 0);
   const auto length = static_cast<uint32_t>(record.size());
   std::memcpy(slot.data(), &length, kHead);
-  std::memcpy(slot.data() + kHead, record.data(), std::min(record.size(), kSlot - kHead));
+  if (!record.empty()) std::memcpy(slot.data() + kHead, record.data(), std::min(record.size(), kSlot - kHead));
   std::vector<uint8_t> all(kSlot * parentSize);
   parent_.allGather(slot.data(), all.data(), kSlot, DataType::Uint8);
   std::vector<uint32_t> lengths(parentSize);
@@ -30,7 +30,7 @@ std::vector<Bytes> SplitMeeting::swap(const Bytes& mine, const std::string& fail
   size_t stride = kSlot, skip = kHead;
   if (longest > kSlot - kHead) {
     std::vector<uint8_t> padded(longest, 0);
-    std::memcpy(padded.data(), record.data(), record.size());
+    if (!record.empty()) std::memcpy(padded.data(), record.data(), record.size());
     all.assign(longest * parentSize, 0);
     parent_.allGather(padded.data(), all.data(), longest, DataType::Uint8);
     stride = longest;
