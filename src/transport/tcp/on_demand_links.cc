@@ -131,8 +131,7 @@ void OnDemandLinks::linkTo(int peer) noexcept {
 void OnDemandLinks::armTimer(std::chrono::milliseconds after) noexcept {
   // Never later than it is set for already (a stream of accepts must not hold a due tick off),
   // and under a lock: the application's thread asks for a tick now while the engine's arms the
-  // next one, and a check-then-set of the timer itself could put the sooner one off (a dial
-  // made 50 ms late).
+  // next one, and a check-then-set of the timer itself could put the sooner one off.
   std::lock_guard<std::mutex> lock(timerMu_);
   const auto at = Clock::now() + after;
   if (at >= armedFor_) return;  // it fires sooner, or has fired and its tick is to come
