@@ -212,6 +212,35 @@ TEST(SharedMemory, SigkillInMidAllReduceIsNamedWithinSecondsAndLeavesNothing) {
   EXPECT_EQ(loomSegments(), before);
 }
 
+// A rank that exits after its last collective without destroying its communicator (a training
+// script's os._exit) leaves the others working: nothing waited on it. Their next collective, which
+// needs it, fails at once naming it, whichever way it goes (the node's arena, or the links: ring).
+TEST(SharedMemory, ARankThatExitsWithoutClosingFailsOnlyWhatNeedsIt) {
+  for (const char* algo : {"", "allreduce:ring"}) {
+    const std::string port = std::to_string(freePort());
+    const auto before = loomSegments();
+    const int n = 3, gone = 0;
+    std::vector<Proc> procs;
+    for (int r = 0; r < n; ++r) {
+      Env e = torchEnv(r, n, port);
+      e["LEAVE_RANK"] = std::to_string(gone);
+      if (*algo != '\0') e["LOOM_ALGO"] = algo;
+      procs.push_back(start({path("LOOM_TEST_WORKER"), "leave"}, e));
+    }
+    for (int r = 0; r < n; ++r) {
+      std::string out;
+      EXPECT_EQ(finish(procs[static_cast<size_t>(r)], 60, &out), 0) << "rank " << r << ":\n" << out;
+      if (r == gone) continue;
+      EXPECT_NE(out.find("still ok"), std::string::npos) << out;
+      EXPECT_NE(out.find("exchanged"), std::string::npos) << out;
+      EXPECT_NE(out.find("all-reduce failed in"), std::string::npos) << out;
+      EXPECT_NE(out.find("rank 0"), std::string::npos) << out;
+      EXPECT_NE(out.find("died"), std::string::npos) << out;
+    }
+    EXPECT_EQ(loomSegments(), before);
+  }
+}
+
 // Two "nodes" of two processes each (LOOM_HOST_ID, as separate hosts or containers would have):
 // shared memory within each, TCP across, as loom-info --links reports.
 TEST(SharedMemory, LoomInfoReportsTheTransportOfEveryPair) {

@@ -5,6 +5,9 @@
 //   collectives all-reduce, broadcast and all-gather of 8 B to 8 MiB, checked; prints each link
 //   loop       all-reduces of 4 MiB until one fails (a peer killed meanwhile); prints the error
 //   threads    prints the CPUs each thread of the process may run on (progress-thread binding)
+//   leave      an all-reduce (of argv[2] floats), then rank LEAVE_RANK exits at once without closing its communicator;
+//              the others wait a second, check theirs, exchange a message among themselves, then
+//              all-reduce (which must fail, naming it); each prints what it saw
 //   hang       a broadcast, then every rank but HANG_RANK all-reduces while HANG_RANK sleeps
 //              outside Loom (prints "hanging"); each prints the error it gets, then exits 1
 // With NO_CMA_SECCOMP=1 the process first installs a seccomp filter that makes process_vm_readv
@@ -17,6 +20,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +28,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/loom.hpp"
@@ -94,6 +99,47 @@ int loop(loom::Communicator& c) {
   }
 }
 
+int leave(loom::Communicator& c, size_t count) {
+  const int n = c.size(), me = c.rank(), gone = std::atoi(std::getenv("LEAVE_RANK"));
+  std::vector<float> v(count, 1.0f);
+  c.allReduce(v.data(), v.data(), v.size(), loom::DataType::Float32, loom::ReduceOp::Sum);
+  if (me == gone) {
+    std::printf("rank %d leaving\n", me);
+    std::fflush(stdout);
+    _exit(0);  // as a training script's os._exit: the communicator is never destroyed
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // the progress threads see it go meanwhile
+  try {
+    c.checkError();
+    std::printf("rank %d still ok\n", me);
+    std::vector<int> survivors;
+    for (int r = 0; r < n; ++r)
+      if (r != gone) survivors.push_back(r);
+    const size_t i = static_cast<size_t>(std::find(survivors.begin(), survivors.end(), me) - survivors.begin());
+    const int to = survivors[(i + 1) % survivors.size()],
+              from = survivors[(i + survivors.size() - 1) % survivors.size()];
+    int32_t out = me, in = -1;
+    auto r = c.irecv(&in, 1, loom::DataType::Int32, from);
+    c.send(&out, 1, loom::DataType::Int32, to);
+    r.wait();
+    if (in != from) return 4;
+    std::printf("rank %d exchanged\n", me);
+  } catch (const loom::Error& e) {
+    std::printf("rank %d failed early: %s\n", me, e.what());
+    return 2;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    c.allReduce(v.data(), v.data(), v.size(), loom::DataType::Float32, loom::ReduceOp::Sum);
+    std::printf("rank %d: the all-reduce without rank %d completed\n", me, gone);
+    return 3;
+  } catch (const loom::Error& e) {
+    std::printf("rank %d all-reduce failed in %.1f s: %s\n", me,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), e.what());
+    return 0;
+  }
+}
+
 int threads(loom::Communicator& c) {
   c.barrier();
   DIR* d = opendir("/proc/self/task");
@@ -135,6 +181,7 @@ int main(int argc, char** argv) {
     if (scenario == "collectives") return collectives(c);
     if (scenario == "loop") return loop(c);
     if (scenario == "threads") return threads(c);
+    if (scenario == "leave") return leave(c, argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1024);
     if (scenario == "hang") {
       std::vector<float> v(1024, 1.0f);
       c.broadcast(v.data(), v.data(), v.size(), loom::DataType::Float32, 0);

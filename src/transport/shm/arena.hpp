@@ -34,9 +34,8 @@ struct LocalArena {
   /// rank's step store to another's load of it; a read-modify-write here, in TSan builds only,
   /// shows it the order (collectives/arena_sync.cc).
   std::shared_ptr<std::atomic<uint64_t>> processClock;
-  /// Why rank `index` can no longer take part ("" while it can): it closed its communicator, or
-  /// its communicator failed (with the reason it recorded). A killed rank is noticed by the
-  /// transport's progress thread, which fails the communicator.
+  /// Why rank `index` can no longer take part ("" while it can): it closed its communicator, its
+  /// communicator failed (with the reason it recorded), or its process is gone.
   std::function<std::string(int index)> gone;
 };
 

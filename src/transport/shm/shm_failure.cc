@@ -44,10 +44,13 @@ void ShmConnection::checkPeer() noexcept {
   } else {
     s = Status::error(ErrorCode::Remote, strFormat("rank %d stopped%s", peer_, because.c_str()), peer_);
   }
-  if (!pending && st != PeerState::Died && theirReason.empty()) {
-    // A clean close with nothing waiting on the peer: close the link only (a later operation on it
-    // fails with this). A peer whose communicator failed fails this one too, pending or not: the
-    // next collective would wait for it in vain.
+  if (!pending && theirReason.empty()) {
+    // Nothing waits on a peer that closed or exited (a rank that leaves after its last collective
+    // without destroying its communicator, as a training script's os._exit does): close the link
+    // only, as TCP does; a later operation on it fails with this, and a collective waiting for the
+    // peer in the node's arena finds it gone (its `gone` probes the peer's process too). A peer
+    // whose communicator failed fails this one, pending or not: the next collective would wait for
+    // it in vain.
     std::lock_guard<std::mutex> in(inMu_);
     std::lock_guard<std::mutex> out(outMu_);
     failLocked(s, false);

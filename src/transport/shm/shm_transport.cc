@@ -293,6 +293,8 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
       const std::string why = recordedFailure(h);
       if (!why.empty()) return "it failed: " + why;
       if (h->closed.load() != 0) return "it closed its communicator";
+      if (probeOwner(h) == PeerState::Died)
+        return "it died (its process exited or was killed without closing its communicator)";
       return "";
     };
   }
