@@ -3,10 +3,14 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
-#include <thread>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "core/format.hpp"
 #include "core/logging.hpp"
@@ -178,21 +182,53 @@ void IbTransport::deregisterRange(const RegisteredRange& range) noexcept {
   port_->context().verbs->deregMr(static_cast<ibv_mr*>(range.handle));
 }
 
-std::string IbTransport::awaitFromPeer(TransportContext& ctx, const std::string& key, int peer, const char* what) {
-  const std::string endpoint = "ib/" + std::to_string(peer);
-  for (;;) {
-    if (auto v = ctx.store->tryGet(key)) return std::string(v->begin(), v->end());
-    if (auto e = ctx.store->tryGet(endpoint)) {
-      const std::string text(e->begin(), e->end());
-      LOOM_THROW_PEER(
-          ErrorCode::Remote, ctx.rank, peer,
-          strFormat("rank %d gave up setting up its ib links: %s", peer, text.substr(std::strlen(kGaveUp)).c_str()));
+std::vector<std::string> IbTransport::awaitFromPeers(TransportContext& ctx, const std::vector<std::string>& keys,
+                                                     const std::vector<int>& peers, const char* what) {
+  std::vector<std::string> out(keys.size());
+  std::vector<size_t> missing(keys.size());
+  for (size_t i = 0; i < missing.size(); ++i) missing[i] = i;
+  // The first round reads the keys alone (those in the records are answered without the store);
+  // the next ones the peers' give-up marks too.
+  for (bool first = true;; first = false) {
+    const size_t stride = first ? 1 : 2;
+    std::vector<std::string> ask;
+    for (size_t i : missing) {
+      ask.push_back(keys[i]);
+      if (!first) ask.push_back("ib/" + std::to_string(peers[i]));
     }
+    const auto got = ctx.store->tryGetMany(ask);
+    std::vector<size_t> still;
+    for (size_t k = 0; k < missing.size(); ++k) {
+      const size_t i = missing[k];
+      const std::optional<Bytes>& v = got[stride * k];
+      const std::optional<Bytes>* gaveUp = first ? nullptr : &got[stride * k + 1];
+      if (v) {
+        out[i].assign(v->begin(), v->end());
+      } else if (gaveUp != nullptr && gaveUp->has_value()) {
+        const std::string text((*gaveUp)->begin(), (*gaveUp)->end());
+        LOOM_THROW_PEER(ErrorCode::Remote, ctx.rank, peers[i],
+                        strFormat("rank %d gave up setting up its ib links: %s", peers[i],
+                                  text.substr(std::strlen(kGaveUp)).c_str()));
+      } else {
+        still.push_back(i);
+      }
+    }
+    missing.swap(still);
+    if (missing.empty()) return out;
     if (ctx.deadline.expired()) {
-      LOOM_THROW_PEER(ErrorCode::Timeout, ctx.rank, peer,
-                      strFormat("rank %d did not %s within %.0f s", peer, what, ctx.deadline.totalSeconds()));
+      std::string names;
+      for (size_t k = 0; k < missing.size() && k < 16; ++k)
+        names += (k > 0 ? ", " : "") + std::to_string(peers[missing[k]]);
+      if (missing.size() > 16) names += strFormat(" and %zu more", missing.size() - 16);
+      LOOM_THROW_PEER(
+          ErrorCode::Timeout, ctx.rank, peers[missing.front()],
+          strFormat("rank(s) %s did not %s within %.0f s", names.c_str(), what, ctx.deadline.totalSeconds()));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Wait on the store's side for the first key missing, a slice at a time: a peer that gave up
+    // is read in the next round.
+    constexpr std::chrono::milliseconds kSlice{200};
+    ctx.store->get(keys[missing.front()],
+                   Deadline(std::min(kSlice, std::chrono::milliseconds(ctx.deadline.remainingMs()))));
   }
 }
 
@@ -212,6 +248,8 @@ std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ct
   options.qps = port_->context().settings.qpsPerConnection;
   std::vector<IbConnection*> mine;
   std::vector<std::unique_ptr<Connection>> out;
+  std::vector<std::pair<std::string, Bytes>> addresses;
+  std::vector<std::string> theirKeys, sideKeys;
   for (int p : peers) {
     const std::string desc = strFormat(
         "rank %d <-> rank %d: ib over %s, %d queue pair(s), eager up to %s, larger "
@@ -219,26 +257,30 @@ std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ct
         rank, p, port_->describe().c_str(), options.qps, bytesText(IbConnection::eagerLimit(options)).c_str());
     auto c = std::make_unique<IbConnection>(rank, p, port_->context(), channel_, *cache_, ctx.failure, options, desc);
     c->setAdapterReason([this, link = c.get()] { return adapterReason(*link); });
-    ctx.store->setString(strFormat("ib/%d/%d", rank, p), c->addresses() + (deviceRegs_ ? kGpuDirect : ""));
+    const std::string mineText = c->addresses() + (deviceRegs_ ? kGpuDirect : "");
+    addresses.emplace_back(strFormat("ib/%d/%d", rank, p), Bytes(mineText.begin(), mineText.end()));
+    theirKeys.push_back(strFormat("ib/%d/%d", p, rank));
+    sideKeys.push_back(SideChannels::key(p));
     mine.push_back(c.get());
     out.push_back(std::move(c));
   }
+  // Every pair's queue pair addresses in one request, those meant for this rank in a few.
+  ctx.store->setMany(addresses);
+  const std::vector<std::string> theirAddresses = awaitFromPeers(ctx, theirKeys, peers, "publish its ib queue pairs");
   for (size_t i = 0; i < peers.size(); ++i) {
-    const int p = peers[i];
-    std::string theirs = awaitFromPeer(ctx, strFormat("ib/%d/%d", p, rank), p, "publish its ib queue pairs");
+    std::string theirs = theirAddresses[i];
     const size_t flag = theirs.find(kGpuDirect);
     const bool peerGpuDirect = flag != std::string::npos;
     if (peerGpuDirect) theirs.resize(flag);
     mine[i]->connect(theirs);
     if (peerGpuDirect && deviceRegs_) mine[i]->takeDeviceBuffers(deviceRegs_.get());
-    ctx.store->setString(strFormat("ibok/%d/%d", rank, p), "ok");
   }
-  for (int p : peers) awaitFromPeer(ctx, strFormat("ibok/%d/%d", p, rank), p, "bring its ib queue pairs up");
+  // No word that the peers' queue pairs are up: nothing is sent before every rank's links are set
+  // up (the communicator's meeting says so, once every rank's transports have connected).
+  const std::vector<std::string> sideRecords =
+      awaitFromPeers(ctx, sideKeys, peers, "publish its ib side-channel address");
   std::map<int, Bytes> records;
-  for (int p : peers) {
-    const std::string r = awaitFromPeer(ctx, SideChannels::key(p), p, "publish its ib side-channel address");
-    records[p] = Bytes(r.begin(), r.end());
-  }
+  for (size_t i = 0; i < peers.size(); ++i) records[peers[i]] = Bytes(sideRecords[i].begin(), sideRecords[i].end());
   std::map<int, Socket> sides = side_.connect(ctx, records);
   for (size_t i = 0; i < peers.size(); ++i) mine[i]->watchSide(std::move(sides[peers[i]]), ctx.engine, ctx.lastWordOf);
   std::lock_guard<std::mutex> lock(connsMu_);

@@ -61,7 +61,12 @@ class IbTransport : public Transport, private Registrar {
   Status registerRange(uintptr_t begin, size_t bytes, RegisteredRange* out) noexcept override;
   void deregisterRange(const RegisteredRange& range) noexcept override;
   std::vector<std::unique_ptr<Connection>> setUp(TransportContext& ctx, const std::vector<int>& peers);
-  std::string awaitFromPeer(TransportContext& ctx, const std::string& key, int peer, const char* what);
+  /// What peers[i] set under keys[i], for every i, by the init deadline; throws naming a peer that
+  /// gave up (it says so under ib/<peer>) or the peers that did not come. One request reads all the
+  /// keys still missing, and between two the store holds a wait for one of them: a few requests
+  /// per rank however many peers, where a poll of each key would be O(N) requests every round.
+  std::vector<std::string> awaitFromPeers(TransportContext& ctx, const std::vector<std::string>& keys,
+                                          const std::vector<int>& peers, const char* what);
   /// Reads the device's asynchronous events into stash_ (asyncMu_ held).
   void drainAsyncLocked() noexcept;
   /// Reads the device's events and hands each to the links it is about (engine thread).
