@@ -110,7 +110,8 @@ def draw_scale():
             ("loom threads tcp", "Loom over TCP, ranks as threads", "#d62728", "-"),
             ("loom processes tcp", "Loom over TCP, ranks as processes", "#d62728", "--"),
             ("gloo threads", "Gloo full mesh, ranks as threads", "#2ca02c", "-"),
-            ("torch processes", "PyTorch's Gloo backend, ranks as processes", "#2ca02c", ":")]
+            ("torch processes", "PyTorch's Gloo backend, ranks as processes", "#2ca02c", ":"),
+            ("torch loom processes", "PyTorch on Loom's backend, ranks as processes", "#1f5fbf", ":")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4), dpi=110)
     for key, label, colour, style in rows:
         pts = sorted((r["ranks"], r["init_ms"], r["links"]) for r in res["data"]["results"]

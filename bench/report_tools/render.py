@@ -427,26 +427,33 @@ def render_scale(res_doc):
                "Gloo's init is its full-mesh connect; its first all-reduce is a ring.\n")
     torch_rows = []
     for n in sizes:
-        t, loom = by.get(("torch processes", n)), by.get(("loom processes tcp", n))
-        if t is None:
+        t, tl, loom = by.get(("torch processes", n)), by.get(("torch loom processes", n)), by.get(("loom processes tcp", n))
+        if t is None and tl is None:
             continue
-        if "failed" in t:
-            text = f"{n} ranks, torch processes: {t['failed'][:200]}"
-            notes.append(text)
-            torch_rows.append([str(n), f"failed ({len(notes)})", "", "", "", "", ""])
-            continue
+        row = [str(n)]
+        for key, r in (("torch processes", t), ("torch loom processes", tl)):
+            if r is None:
+                row += ["", "", "", ""]
+            elif "failed" in r:
+                notes.append(f"{n} ranks, {key}: {r['failed'][:200]}")
+                row += [f"failed ({len(notes)})", "", "", ""]
+            else:
+                row += [ms(r["init_ms"]), ms(r["first_ms"]), ms(r["split_ms"]), f"{r['links']:.0f} / {r['fds']:.0f}"]
         ok = loom is not None and "failed" not in loom
-        torch_rows.append([str(n), ms(t["init_ms"]), ms(t["first_ms"]), ms(t["split_ms"]),
-                           f"{t['links']:.0f} / {t['fds']:.0f}", ms(loom["init_ms"]) if ok else "",
-                           ms(loom["split_ms"]) if ok else ""])
+        row += [ms(loom["init_ms"]) if ok else "", ms(loom["split_ms"]) if ok else ""]
+        torch_rows.append(row)
     if torch_rows:
-        out += [f"\nPyTorch's Gloo backend (Debian's PyTorch), ranks as processes, beside Loom over TCP: "
-                f"`init_process_group(\"gloo\")` (its full mesh), a first all-reduce, and {d['groups']} "
-                "`new_group` calls that cut the job as the split does (every rank calls each; each group's "
-                "members form its mesh). The clock starts once every rank has imported torch.\n\n",
+        out += [f"\nPyTorch (Debian's), ranks as processes, on its Gloo backend and on Loom's (`import loom_torch`; "
+                "one node, so shared memory between every pair), beside Loom itself over TCP: "
+                "`init_process_group` with `tcp://`, a first all-reduce, and "
+                f"{d['groups']} `new_group` calls that cut the job as the split does (every rank calls each; with "
+                "Gloo each group's members form its mesh, with Loom a group of the default group's communicator, "
+                "`Communicator::group`). Both include PyTorch's own work: its store's connect, and a barrier "
+                "through the store after each group. The clock starts once every rank has imported torch.\n\n",
                 table(["N", "PyTorch Gloo: init", "first all-reduce", f"new_group × {d['groups']}",
-                       "links / fds per rank", "Loom processes over TCP: init", f"split into {d['groups']}"],
-                      torch_rows)]
+                       "links / fds per rank", "PyTorch on Loom: init", "first all-reduce",
+                       f"new_group × {d['groups']}", "links / fds per rank", "Loom processes over TCP: init",
+                       f"split into {d['groups']}"], torch_rows)]
     for i, text in enumerate(notes, 1):
         out.append(f"\n({i}) `{text}`\n")
     return "".join(out)

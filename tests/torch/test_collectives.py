@@ -262,6 +262,9 @@ def body_env_init(rank, world):
     t = torch.ones(3)
     dist.all_reduce(t)
     assert t.tolist() == [world] * 3
+    import loom_torch
+    # The link the all-reduce went over (two ranks: linked at init).
+    assert loom_torch._C.link_count(loom_torch._default_loom_backend()) == world - 1
 
 
 def test_tcp_init_method():

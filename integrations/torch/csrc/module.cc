@@ -42,6 +42,13 @@ void allReduceDirect(const c10::intrusive_ptr<loom_torch::BackendBase>& backend,
                                loom::ReduceOp::Sum);
 }
 
+// The links the backend's communicator holds now (Communicator::linkCount).
+int linkCount(const c10::intrusive_ptr<loom_torch::BackendBase>& backend) {
+  auto* pg = dynamic_cast<loom_torch::ProcessGroupLoom*>(backend.get());
+  TORCH_CHECK(pg != nullptr, "loom: link_count: not a loom process group");
+  return pg->communicator().linkCount();
+}
+
 py::dict launch() {
   const loom::Launch l = loom::launchFromEnv();
   py::dict d;
@@ -83,6 +90,9 @@ PYBIND11_MODULE(_C, m) {
         "Sum all-reduce of a float32 CPU tensor on the group's Loom communicator directly, bypassing "
         "torch.distributed (for measuring the backend's overhead). On PyTorch 2 pass "
         "group._get_backend(torch.device('cpu')).");
+  m.def("link_count", &linkCount, py::arg("backend"),
+        "The peers the group's Loom communicator holds a link to now (links are made on first use above 8 "
+        "ranks). On PyTorch 2 pass group._get_backend(torch.device('cpu')).");
   m.attr("has_cuda") = loom_torch::builtWithCuda();
   m.attr("torch_api") = TORCH_VERSION_MAJOR >= 2 ? "c10d::Backend" : "c10d::ProcessGroup";
 }
