@@ -207,8 +207,10 @@ TEST(OnDemand, AutoLinksSmallJobsAtInitLargerOnFirstUse) {
   loomtest::EnvGuard automatic("LOOM_CONNECT", "auto");
   for (int n : {8, 9}) {
     SCOPED_TRACE(n);
-    loomtest::runOk(n, [n](loom::Communicator& c) {
+    Meet meet(n);
+    loomtest::runOk(n, [n, &meet](loom::Communicator& c) {
       EXPECT_EQ(c.linkCount(), n <= 8 ? n - 1 : 0);
+      meet.arrive();  // before a peer's all-reduce links this rank
       int32_t v = 1, sum = 0;
       c.allReduce(&v, &sum, 1, DataType::Int32, loom::ReduceOp::Sum);
       EXPECT_EQ(sum, n);
