@@ -47,14 +47,14 @@ if [ "$kind" = address ]; then
   inproc+=':Mixed/SmallMatrix.*/5ranks*:Shm/LargeCounts.*/3ranks_ring:MixedEven/*:Nodes*:DeviceStaged.*:Paths/DevicePath.*'
   inproc+=':Shm/SmallMatrix.*/5ranks_hd*:Shm/LargeCounts.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*:*AnySource*:MonitoredBarrier.*'
   inproc+=':Layouts/Reproducible.*/tcp3:Layouts/Reproducible.*/shm3:Layouts/Reproducible.*/mixed4:Reproducible.Ranks*'
-  inproc+=':DeviceReproducible.*:OnDemand.*:Split.*:IbSetUp.*:-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
+  inproc+=':DeviceReproducible.*:OnDemand.*:OnDemandIb.*:Split.*:IbSetUp.*:-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
   multiproc='Faults.*:SharedMemory.*:Loomrun.*:CudaIpc.*:IbProcesses.*'
 else
   inproc='*P2P*:Links/Mismatch*:Links/HangReport*:Communicator.*:Collectives.SeveralInFlight*:Collectives.BadArguments*'
   inproc+=':Tcp/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/4ranks_direct*:Links/Soak.*/4ranks_shm'
   inproc+=':Soak.TwoCommunicators*:GradSync.*:Ranks/DataParallel.*:DeviceStaged.*:Paths/DevicePath.*:Links/DeviceMatrix.*/3ranks*'
   inproc+=':Shm/SmallMatrix.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*:*AnySource*:Layouts/Reproducible.*/tcp3'
-  inproc+=':Layouts/Reproducible.*/shm3:OnDemand.*:Split.*:Store.*Wait*:IbSetUp.*:-*LargeBothDirections*'
+  inproc+=':Layouts/Reproducible.*/shm3:OnDemand.*:OnDemandIb.*:Split.*:Store.*Wait*:IbSetUp.*:-*LargeBothDirections*'
   multiproc='Faults.RecoveryExample*:SharedMemory.SigkillInMid*:SharedMemory.ARank*:IbProcesses.*'
 fi
 status=0

@@ -12,10 +12,11 @@
 namespace loom {
 namespace {
 
-LOOM_PARAM_STR(connectParam, "LOOM_CONNECT", "auto",
-               "lazy: a TCP link is made the first time an operation needs that peer (a job that only all-reduces "
-               "holds O(log N) links per rank); eager: every peer is linked at init (a full mesh); auto: eager up "
-               "to 8 ranks, lazy above");
+LOOM_PARAM_STR(
+    connectParam, "LOOM_CONNECT", "auto",
+    "lazy: a TCP or ib link is made the first time an operation needs that peer (a job that only all-reduces "
+    "holds O(log N) links per rank); eager: every peer is linked at init (a full mesh); auto: eager up "
+    "to 8 ranks, lazy above");
 
 // Up to this many ranks a full mesh costs a few links, made at init, and the first operation
 // keeps its latency; above it, links are made on first use.
@@ -163,6 +164,10 @@ void LinkTable::connect(TransportContext& ctx) {
   for (auto& c : conns_) c->attachAnySource(&anySource_);
   for (size_t t = 0; t < transports_.size(); ++t)
     if (!peersOf[t].empty() && onDemand(t)) transports_[t]->linkOnDemand(ctx, peersOf[t], this);
+  // A link made on first use says whether it will take device buffers once the transport knows
+  // the peers (linkOnDemand).
+  for (size_t p = 0; p < n; ++p)
+    if (static_cast<int>(p) != rank_) props_[p].deviceBuffers = conns_[p]->takesDeviceBuffers();
   for (auto* e : engines_) e->seal();
   // The transports' services, found once here (every collective asks).
   for (const auto& t : transports_) {

@@ -39,6 +39,7 @@ class OnDemandConnection : public Connection {
   /// Fails what is kept and, once linked, the link. Also: the transport could not link the peer.
   void failAll(const Status& status) noexcept override;
   std::string describe() const override;
+  bool takesDeviceBuffers() const override { return transport_->takesDeviceBuffersTo(peer_); }
 
   bool progress() noexcept override;
   bool needsEngine() const noexcept override;

@@ -178,6 +178,12 @@ class Transport {
   /// Starts linking to `peer` (one of linkOnDemand's), unless that is under way or done; the
   /// outcome reaches the sink. Never blocks; any thread.
   virtual void linkTo(int peer) noexcept { (void)peer; }
+  /// Whether the link to `peer` (one of linkOnDemand's) will take device buffers once made
+  /// (Connection::takesDeviceBuffers), known before it is: the layers above plan with it at init.
+  virtual bool takesDeviceBuffersTo(int peer) const {
+    (void)peer;
+    return false;
+  }
   /// Registers [addr, addr + bytes) for this transport's links (registration.hpp): a transport
   /// whose properties say needsRegistration touches only registered memory in place, and keeps
   /// registrations for reuse in its RegistrationCache. The range stays registered while the result

@@ -48,7 +48,7 @@ class PerRankOptions {
 /// LOOM_TRANSPORT=^cuda_ipc), "tcp" (LOOM_TRANSPORT=tcp), "mixed" (two "nodes" by host identity, even and odd ranks:
 /// shared memory within each, TCP between), "mixed3" (three such nodes, r % 3); any other name is
 /// a transport of the registry, alone (LOOM_TRANSPORT=<name>); "ib" also loads the tests' verbs
-/// provider (LOOM_IBVERBS_LIBRARY from LOOM_TEST_VERBS_PROVIDER, which meson sets). Where TCP links
+/// provider (LOOM_IBVERBS_LIBRARY from LOOM_TEST_VERBS_PROVIDER, which meson sets). Where TCP or ib links
 /// ranks, they are made on first use (LOOM_CONNECT=lazy, unless the test set LOOM_CONNECT): the
 /// default links the few ranks of most tests at init, and the tests are to cover both. Sets it up
 /// for the object's lifetime.
@@ -66,7 +66,8 @@ class TransportSetup {
       setenv("LOOM_TRANSPORT", mode == "noipc" ? "^cuda_ipc" : mode.c_str(), 1);
       restoreEnv_ = true;
     }
-    if ((mode == "tcp" || mode == "mixed" || mode == "mixed3") && std::getenv("LOOM_CONNECT") == nullptr)
+    if ((mode == "tcp" || mode == "mixed" || mode == "mixed3" || mode == "ib") &&
+        std::getenv("LOOM_CONNECT") == nullptr)
       connect_.emplace("LOOM_CONNECT", "lazy");
     const char* provider = std::getenv("LOOM_TEST_VERBS_PROVIDER");
     if (mode == "ib" && provider != nullptr) verbsLibrary_.emplace("LOOM_IBVERBS_LIBRARY", provider);

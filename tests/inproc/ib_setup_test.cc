@@ -4,10 +4,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
 #include "bootstrap/tcp_store_server.hpp"
+#include "common/env_guard.hpp"
 #include "common/ranks.hpp"
 #include "loom_config.h"
 
@@ -18,9 +20,10 @@ namespace {
 using loom::DataType;
 using loom::ReduceOp;
 
-// The store requests of an init of eight ranks, one of them late (the others wait for it on the
-// store's side), with the ranks linked by `mode`.
-uint64_t initRequests(const std::string& mode, int n) {
+// The store requests of an init of n ranks and an all-reduce, one rank late (the others wait for it
+// on the store's side), with the ranks linked by `mode`, at init (`connect` eager) or on first use.
+uint64_t initRequests(const std::string& mode, int n, const std::string& connect = "eager") {
+  loomtest::EnvGuard links_made("LOOM_CONNECT", connect);
   loomtest::TransportSetup links(mode);
   const uint64_t before = loom::TcpStoreServer::servedInProcess();
   std::atomic<uint64_t> after{0};
@@ -46,7 +49,20 @@ TEST(IbSetUp, AsksTheStoreAFewTimesPerRank) {
   const int n = 8;
   const uint64_t tcp = initRequests("tcp", n);  // the join itself: TCP links read the records only
   const uint64_t ib = initRequests("ib", n);
+  std::printf("[ requests ] %d ranks, a full mesh at init: ib %llu, tcp %llu\n", n, static_cast<unsigned long long>(ib),
+              static_cast<unsigned long long>(tcp));
   EXPECT_LE(ib, tcp + 10 * n) << "ib: " << ib << " requests, tcp: " << tcp << ", for " << n << " ranks";
+}
+
+// Links made on first use swap their queue pairs' addresses over the side channel: not one
+// request to the store beyond the join (the peers' side-channel addresses are in their records).
+TEST(IbSetUp, LinksOnFirstUseAskTheStoreNothing) {
+  const int n = 8;
+  const uint64_t tcp = initRequests("tcp", n);
+  const uint64_t ib = initRequests("ib", n, "lazy");
+  std::printf("[ requests ] %d ranks, ib links on first use: ib %llu, tcp (a mesh at init) %llu\n", n,
+              static_cast<unsigned long long>(ib), static_cast<unsigned long long>(tcp));
+  EXPECT_LE(ib, tcp + n) << "ib: " << ib << " requests, tcp: " << tcp << ", for " << n << " ranks";
 }
 
 }  // namespace

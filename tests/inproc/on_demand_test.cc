@@ -15,6 +15,7 @@
 
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
+#include "loom_config.h"
 
 namespace {
 
@@ -41,12 +42,12 @@ int log2Ceil(int n) {
   return k;
 }
 
-TEST(OnDemand, NothingIsLinkedAtInitAndAnAllReduceLinksFewPeers) {
-  loomtest::TransportSetup tcp("tcp");
+void nothingIsLinkedAtInitAndAnAllReduceLinksFewPeers(const std::string& mode) {
+  loomtest::TransportSetup links(mode);
   for (int n : {2, 5, 16}) {
     SCOPED_TRACE(n);
     Meet meet(n), counted(n);
-    loomtest::runOk(n, [n, &meet, &counted](loom::Communicator& c) {
+    loomtest::runOk(n, [n, &mode, &meet, &counted](loom::Communicator& c) {
       EXPECT_EQ(c.linkCount(), 0);
       EXPECT_NE(c.describeLink((c.rank() + 1) % n).find("not linked"), std::string::npos)
           << c.describeLink((c.rank() + 1) % n);
@@ -66,15 +67,16 @@ TEST(OnDemand, NothingIsLinkedAtInitAndAnAllReduceLinksFewPeers) {
       c.allToAll(all.data(), got.data(), 1, DataType::Int32);
       for (int p = 0; p < n; ++p) EXPECT_EQ(got[static_cast<size_t>(p)], p * 100 + c.rank());
       EXPECT_EQ(c.linkCount(), n - 1);
-      EXPECT_NE(c.describeLink((c.rank() + 1) % n).find("tcp, 2 sockets"), std::string::npos);
+      EXPECT_NE(c.describeLink((c.rank() + 1) % n).find(mode == "ib" ? "ib over" : "tcp, 2 sockets"), std::string::npos)
+          << c.describeLink((c.rank() + 1) % n);
     });
   }
 }
 
 // Both ranks of every pair send first, at once: the two dials cross, one link is kept, and every
 // message arrives once, in order.
-TEST(OnDemand, DialsThatCrossMakeOneLink) {
-  loomtest::TransportSetup tcp("tcp");
+void dialsThatCrossMakeOneLink(const std::string& mode) {
+  loomtest::TransportSetup links(mode);
   constexpr int kRanks = 4;
   constexpr int kMessages = 5;
   for (int round = 0; round < 8; ++round) {
@@ -111,8 +113,8 @@ TEST(OnDemand, DialsThatCrossMakeOneLink) {
 
 // Every rank sends to the next before it receives from the previous: no rank's send may wait for
 // its peer's application thread to accept the link.
-TEST(OnDemand, ARingOfSendsBeforeReceives) {
-  loomtest::TransportSetup tcp("tcp");
+void aRingOfSendsBeforeReceives(const std::string& mode) {
+  loomtest::TransportSetup links(mode);
   constexpr int kRanks = 6;
   loomtest::runOk(kRanks, [](loom::Communicator& c) {
     const int next = (c.rank() + 1) % kRanks, prev = (c.rank() + kRanks - 1) % kRanks;
@@ -127,8 +129,8 @@ TEST(OnDemand, ARingOfSendsBeforeReceives) {
 
 // Receives from any source posted before any link is up take the first messages; a receive named
 // for a peer keeps its place against them while its link is being made.
-TEST(OnDemand, ReceivesFromAnySourceBeforeAnyLink) {
-  loomtest::TransportSetup tcp("tcp");
+void receivesFromAnySourceBeforeAnyLink(const std::string& mode) {
+  loomtest::TransportSetup links(mode);
   constexpr int kRanks = 4;
   loomtest::runOk(kRanks, [](loom::Communicator& c) {
     if (c.rank() != 0) {
@@ -165,8 +167,8 @@ TEST(OnDemand, ReceivesFromAnySourceBeforeAnyLink) {
 
 // A peer whose communicator is gone before its link was made: the first operation on it fails at
 // once, naming it, not after the timeout.
-TEST(OnDemand, APeerGoneBeforeItsLinkIsNamedAtOnce) {
-  loomtest::TransportSetup tcp("tcp");
+void aPeerGoneBeforeItsLinkIsNamedAtOnce(const std::string& mode) {
+  loomtest::TransportSetup links(mode);
   constexpr int kRanks = 3;
   std::atomic<int> gone{0};
   auto results = loomtest::runRanks(kRanks, [&](loom::Communicator& c) {
@@ -188,6 +190,26 @@ TEST(OnDemand, APeerGoneBeforeItsLinkIsNamedAtOnce) {
   });
   EXPECT_EQ(results[2].error, "");
 }
+
+TEST(OnDemand, NothingIsLinkedAtInitAndAnAllReduceLinksFewPeers) {
+  nothingIsLinkedAtInitAndAnAllReduceLinksFewPeers("tcp");
+}
+TEST(OnDemand, DialsThatCrossMakeOneLink) { dialsThatCrossMakeOneLink("tcp"); }
+TEST(OnDemand, ARingOfSendsBeforeReceives) { aRingOfSendsBeforeReceives("tcp"); }
+TEST(OnDemand, ReceivesFromAnySourceBeforeAnyLink) { receivesFromAnySourceBeforeAnyLink("tcp"); }
+TEST(OnDemand, APeerGoneBeforeItsLinkIsNamedAtOnce) { aPeerGoneBeforeItsLinkIsNamedAtOnce("tcp"); }
+
+#if LOOM_HAVE_IBVERBS
+// The same over ib (the tests' verbs provider): the side channel's socket is dialled and proved as
+// TCP's, then the two ranks swap their queue pairs' addresses over it.
+TEST(OnDemandIb, NothingIsLinkedAtInitAndAnAllReduceLinksFewPeers) {
+  nothingIsLinkedAtInitAndAnAllReduceLinksFewPeers("ib");
+}
+TEST(OnDemandIb, DialsThatCrossMakeOneLink) { dialsThatCrossMakeOneLink("ib"); }
+TEST(OnDemandIb, ARingOfSendsBeforeReceives) { aRingOfSendsBeforeReceives("ib"); }
+TEST(OnDemandIb, ReceivesFromAnySourceBeforeAnyLink) { receivesFromAnySourceBeforeAnyLink("ib"); }
+TEST(OnDemandIb, APeerGoneBeforeItsLinkIsNamedAtOnce) { aPeerGoneBeforeItsLinkIsNamedAtOnce("ib"); }
+#endif
 
 TEST(OnDemand, EagerLinksEveryPeerAtInit) {
   loomtest::TransportSetup tcp("tcp");

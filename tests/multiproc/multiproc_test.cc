@@ -771,6 +771,15 @@ TEST_F(IbProcesses, DeviceBuffersMoveByGpuDirectRdma) {
 // through the side channel (its queue pairs alone would wait out their retries, about 30 s).
 TEST_F(IbProcesses, SigkillIsNamedWithinSeconds) { run(2, "", {"rank 2"}); }
 
+// Links made on first use (LOOM_CONNECT=lazy, the default above 8 ranks): nothing linked at init,
+// the collectives' checks pass, and a rank killed afterwards is named through the side channel
+// that the link's first use made.
+TEST_F(IbProcesses, LinksOnFirstUseCarryTheCollectivesAndNameAKilledRank) {
+  env_["LOOM_CONNECT"] = "lazy";
+  runCollectives(3, env_, {"ib, not linked"});
+  run(2, "", {"rank 2"});
+}
+
 // A queue pair the adapter puts in error (IBV_EVENT_QP_FATAL) on one rank: that rank fails the
 // link, naming the peer; the others hear why over their side channels.
 TEST_F(IbProcesses, QueuePairInErrorIsNamedOnEveryRank) {

@@ -27,6 +27,9 @@ constexpr const char* kGaveUp = "error: ";
 // Appended to a link's queue pair addresses by a rank that has GPUDirect RDMA.
 constexpr const char* kGpuDirect = "|gpu";
 
+// Where a rank says whether it has GPUDirect RDMA ("1" or "0"; in its record).
+std::string gpuKey(int rank) { return "ibgpu/" + std::to_string(rank); }
+
 }  // namespace
 
 // The completion channel of every connection's queue, in the receive engine: an event names the
@@ -62,7 +65,10 @@ class IbTransport::AsyncWatch : public PollHandler {
 IbTransport::IbTransport() = default;
 
 IbTransport::~IbTransport() {
-  // The link table stopped the engines and destroyed the connections (and their queues) first.
+  // The link table stopped the engines and destroyed the connections (and their queues) first;
+  // the ends of links still in their exchange (or failed in it) go before the port.
+  onDemand_.reset();
+  exchanges_.clear();
   if (cache_) {
     const RegistrationStats s = cache_->stats();
     if (s.hits + s.misses > 0)
@@ -145,6 +151,9 @@ void IbTransport::publish(TransportContext& ctx) {
     deviceRegs_ = std::make_unique<DeviceRegistrations>(port_->context(), gpuDirect_.mode,
                                                         RegistrationCache::Limits::fromEnv().maxEntries);
   }
+  // Whether device buffers can go by RDMA from this end: links made on first use are planned with it
+  // at init, before the queue pairs' addresses (which say it too) are swapped.
+  ctx.store->setString(gpuKey(ctx.rank), deviceRegs_ ? "1" : "0");
   LOOM_INFO("ib: GPUDirect RDMA %s: %s", gpuDirect_.mode == GpuDirectMode::Off ? "not used" : "through",
             gpuDirect_.mode == GpuDirectMode::Off
                 ? gpuDirect_.why.c_str()
@@ -244,20 +253,13 @@ std::vector<std::unique_ptr<Connection>> IbTransport::connect(TransportContext& 
 std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ctx, const std::vector<int>& peers) {
   const int rank = ctx.rank;
   if (!port_) LOOM_THROW(ErrorCode::Internal, rank, "ib: connect without a port: " + why_);
-  IbOptions options;
-  options.qps = port_->context().settings.qpsPerConnection;
   std::vector<IbConnection*> mine;
   std::vector<std::unique_ptr<Connection>> out;
   std::vector<std::pair<std::string, Bytes>> addresses;
   std::vector<std::string> theirKeys, sideKeys;
   for (int p : peers) {
-    const std::string desc = strFormat(
-        "rank %d <-> rank %d: ib over %s, %d queue pair(s), eager up to %s, larger "
-        "messages written in place (RDMA) from registered memory",
-        rank, p, port_->describe().c_str(), options.qps, bytesText(IbConnection::eagerLimit(options)).c_str());
-    auto c = std::make_unique<IbConnection>(rank, p, port_->context(), channel_, *cache_, ctx.failure, options, desc);
-    c->setAdapterReason([this, link = c.get()] { return adapterReason(*link); });
-    const std::string mineText = c->addresses() + (deviceRegs_ ? kGpuDirect : "");
+    auto c = makeLink(rank, p, ctx.failure);
+    const std::string mineText = addressesOf(*c);
     addresses.emplace_back(strFormat("ib/%d/%d", rank, p), Bytes(mineText.begin(), mineText.end()));
     theirKeys.push_back(strFormat("ib/%d/%d", p, rank));
     sideKeys.push_back(SideChannels::key(p));
@@ -267,14 +269,7 @@ std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ct
   // Every pair's queue pair addresses in one request, those meant for this rank in a few.
   ctx.store->setMany(addresses);
   const std::vector<std::string> theirAddresses = awaitFromPeers(ctx, theirKeys, peers, "publish its ib queue pairs");
-  for (size_t i = 0; i < peers.size(); ++i) {
-    std::string theirs = theirAddresses[i];
-    const size_t flag = theirs.find(kGpuDirect);
-    const bool peerGpuDirect = flag != std::string::npos;
-    if (peerGpuDirect) theirs.resize(flag);
-    mine[i]->connect(theirs);
-    if (peerGpuDirect && deviceRegs_) mine[i]->takeDeviceBuffers(deviceRegs_.get());
-  }
+  for (size_t i = 0; i < peers.size(); ++i) connectTo(*mine[i], theirAddresses[i]);
   // No word that the peers' queue pairs are up: nothing is sent before every rank's links are set
   // up (the communicator's meeting says so, once every rank's transports have connected).
   const std::vector<std::string> sideRecords =
@@ -286,6 +281,93 @@ std::vector<std::unique_ptr<Connection>> IbTransport::setUp(TransportContext& ct
   std::lock_guard<std::mutex> lock(connsMu_);
   conns_.insert(conns_.end(), mine.begin(), mine.end());
   return out;
+}
+
+std::unique_ptr<IbConnection> IbTransport::makeLink(int rank, int peer, std::shared_ptr<FailureState> failure) {
+  IbOptions options;
+  options.qps = port_->context().settings.qpsPerConnection;
+  const std::string desc = strFormat(
+      "rank %d <-> rank %d: ib over %s, %d queue pair(s), eager up to %s, larger "
+      "messages written in place (RDMA) from registered memory",
+      rank, peer, port_->describe().c_str(), options.qps, bytesText(IbConnection::eagerLimit(options)).c_str());
+  auto c = std::make_unique<IbConnection>(rank, peer, port_->context(), channel_, *cache_, std::move(failure), options,
+                                          desc);
+  c->setAdapterReason([this, link = c.get()] { return adapterReason(*link); });
+  return c;
+}
+
+std::string IbTransport::addressesOf(const IbConnection& c) const {
+  return c.addresses() + (deviceRegs_ ? kGpuDirect : "");
+}
+
+void IbTransport::connectTo(IbConnection& c, std::string theirs) {
+  const size_t flag = theirs.find(kGpuDirect);
+  const bool peerGpuDirect = flag != std::string::npos;
+  if (peerGpuDirect) theirs.resize(flag);
+  c.connect(theirs);
+  if (peerGpuDirect && deviceRegs_) c.takeDeviceBuffers(deviceRegs_.get());
+}
+
+void IbTransport::linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) {
+  if (!port_) LOOM_THROW(ErrorCode::Internal, ctx.rank, "ib: linking without a port: " + why_);
+  // The peers' side-channel addresses are in their records: no request to the store.
+  std::map<int, Bytes> records;
+  for (int p : peers) {
+    const auto r = ctx.store->tryGet(SideChannels::key(p));
+    if (!r) LOOM_THROW_PEER(ErrorCode::Remote, ctx.rank, p, strFormat("ib: rank %d published no side channel", p));
+    records[p] = *r;
+    const auto gpu = ctx.store->tryGet(gpuKey(p));
+    if (gpu && !gpu->empty() && (*gpu)[0] == '1') gpuPeers_.insert(p);
+  }
+  lazy_.rank = ctx.rank;
+  lazy_.engine = ctx.engine;
+  lazy_.failure = ctx.failure;
+  lazy_.lastWordOf = ctx.lastWordOf;
+  lazy_.timeout = ctx.deadline.total();
+  lazy_.sink = sink;
+  TransportContext one = ctx;
+  one.socketsPerPeer = 1;  // the side channel; the queue pairs carry the data
+  onDemand_ = std::make_unique<tcp::OnDemandLinks>(
+      one, side_.interfaces(), side_.listeners(), SideChannels::endpoints(ctx.rank, records), sink,
+      [this](int peer, std::vector<Socket> sockets, double tookMs) { formOnDemand(peer, std::move(sockets), tookMs); },
+      "ib side-channel port");
+}
+
+void IbTransport::linkTo(int peer) noexcept {
+  if (onDemand_) onDemand_->linkTo(peer);
+}
+
+void IbTransport::formOnDemand(int peer, std::vector<Socket> sockets, double tookMs) {
+  const auto began = std::chrono::steady_clock::now();
+  auto conn = makeLink(lazy_.rank, peer, lazy_.failure);
+  const std::string mine = addressesOf(*conn);
+  LinkExchange::Steps steps;
+  steps.connect = [this, peer](IbConnection& c, const std::string& theirs) {
+    connectTo(c, theirs);
+    // From here the peer may send (it has our word once we say "up"): the link takes messages
+    // for the communicator's receives, from any source too, before it is handed on.
+    lazy_.sink->adopt(peer, c);
+  };
+  steps.done = [this, peer, tookMs, began](std::unique_ptr<IbConnection> c, Socket side) {
+    c->watchSide(std::move(side), lazy_.engine, lazy_.lastWordOf);
+    {
+      std::lock_guard<std::mutex> lock(connsMu_);
+      conns_.push_back(c.get());
+    }
+    LOOM_INFO("%s (linked on first use, in %.1f ms)", c->describe().c_str(),
+              tookMs + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count());
+    lazy_.sink->linked(peer, std::move(c));
+  };
+  steps.failed = [this, peer](const Status& why, std::unique_ptr<IbConnection> c) {
+    lazy_.failure->fail(why);
+    if (c) {
+      lazy_.sink->linked(peer, std::move(c));  // failed: what is kept for it fails too
+    } else {
+      lazy_.sink->linkFailed(peer, why);
+    }
+  };
+  exchanges_.push_back(std::make_unique<LinkExchange>(lazy_.rank, peer, std::move(conn), mine, std::move(sockets.at(0)),
+                                                      lazy_.engine, lazy_.timeout, std::move(steps)));
 }
 
 void IbTransport::drainAsyncLocked() noexcept {

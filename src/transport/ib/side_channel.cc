@@ -46,16 +46,21 @@ bool SideChannels::publish(TransportContext& ctx, std::string* why) {
   return true;
 }
 
-std::map<int, Socket> SideChannels::connect(TransportContext& ctx, const std::map<int, Bytes>& records) {
+std::map<int, tcp::Endpoints> SideChannels::endpoints(int rank, const std::map<int, Bytes>& records) {
   std::map<int, tcp::Endpoints> remote;
   for (const auto& [peer, record] : records) {
     SockAddr addr;
     if (record.size() < SockAddr::kWireBytes || !SockAddr::fromWire(record.data(), &addr)) {
-      LOOM_THROW_PEER(ErrorCode::InvalidUsage, ctx.rank, peer,
+      LOOM_THROW_PEER(ErrorCode::InvalidUsage, rank, peer,
                       strFormat("ib: rank %d published a side-channel address this rank cannot read", peer));
     }
     remote[peer].emplace_back(addr, std::string(record.begin() + SockAddr::kWireBytes, record.end()));
   }
+  return remote;
+}
+
+std::map<int, Socket> SideChannels::connect(TransportContext& ctx, const std::map<int, Bytes>& records) {
+  const std::map<int, tcp::Endpoints> remote = endpoints(ctx.rank, records);
   TransportContext one = ctx;
   one.socketsPerPeer = 1;
   tcp::Handshakes handshakes(one, ifaces_, listeners_);

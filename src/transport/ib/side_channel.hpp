@@ -18,6 +18,7 @@
 #include "core/progress_engine.hpp"
 #include "net/interfaces.hpp"
 #include "net/socket.hpp"
+#include "transport/tcp/handshake.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -38,6 +39,12 @@ class SideChannels {
   /// naming the peers, when the deadline passes first or a peer proves another job key.
   /// Afterwards the listener turns strangers away.
   std::map<int, Socket> connect(TransportContext& ctx, const std::map<int, Bytes>& records);
+  /// The peers' side-channel addresses of `records` (as connect() reads them), for links made on
+  /// first use (tcp::OnDemandLinks, on interfaces() and listeners()). Throws naming a peer whose
+  /// record does not read.
+  static std::map<int, tcp::Endpoints> endpoints(int rank, const std::map<int, Bytes>& records);
+  const std::vector<Interface>& interfaces() const { return ifaces_; }
+  const std::vector<Socket>& listeners() const { return listeners_; }
 
  private:
   std::vector<Interface> ifaces_;  // the one interface listened on

@@ -84,13 +84,13 @@ class OnDemandLinks::Timer : public PollHandler {
 
 OnDemandLinks::OnDemandLinks(const TransportContext& ctx, const std::vector<Interface>& ifaces,
                              const std::vector<Socket>& listeners, std::map<int, Endpoints> remote, LinkSink* sink,
-                             TcpOptions options, std::function<std::string(int, const Endpoints&)> describe)
+                             Former form, std::string port)
     : ctx_(ctx),
       ifaces_(ifaces),
       remote_(std::move(remote)),
       sink_(sink),
-      options_(options),
-      describe_(std::move(describe)),
+      form_(std::move(form)),
+      port_(std::move(port)),
       sockets_(ctx.socketsPerPeer),
       timeout_(ctx.deadline.total()) {
   for (const auto& [peer, eps] : remote_) {
@@ -113,7 +113,7 @@ OnDemandLinks::~OnDemandLinks() {
   ctx_.engine->remove(timer_->fd());
   for (auto& p : pending_)
     if (p->sock.valid()) ctx_.engine->remove(p->sock.fd());
-  if (rejected_ > 0) LOOM_INFO("tcp: turned away %d stray connection(s) on the peer port", rejected_);
+  if (rejected_ > 0) LOOM_INFO("turned away %d stray connection(s) on the %s", rejected_, port_.c_str());
 }
 
 void OnDemandLinks::linkTo(int peer) noexcept {
@@ -211,7 +211,7 @@ void OnDemandLinks::accept(size_t listener) noexcept {
     const int c = accept4(listeners_[listener]->fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) {
       if (errno == EMFILE || errno == ENFILE)
-        LOOM_WARN("tcp: cannot take a connection on rank %d's peer port: %s (ulimit -n)", ctx_.rank,
+        LOOM_WARN("cannot take a connection on rank %d's %s: %s (ulimit -n)", ctx_.rank, port_.c_str(),
                   errnoText(errno).c_str());
       return;
     }
@@ -373,7 +373,8 @@ void OnDemandLinks::drop(Pending& p, const std::string& why, bool stray) noexcep
   p.doneAt = ticks_;
   if (stray) {
     ++rejected_;
-    LOOM_WARN("rejected a connection from %s on rank %d's peer port: %s", p.remote.c_str(), ctx_.rank, why.c_str());
+    LOOM_WARN("rejected a connection from %s on rank %d's %s: %s", p.remote.c_str(), ctx_.rank, port_.c_str(),
+              why.c_str());
     return;
   }
   if (!outbound) return;
@@ -382,8 +383,8 @@ void OnDemandLinks::drop(Pending& p, const std::string& why, bool stray) noexcep
   l.dialing[static_cast<size_t>(p.index)] = false;
   l.retryAt[static_cast<size_t>(p.index)] = Clock::now() + kRetryAfter;
   l.lastError = p.remote + ": " + why;
-  LOOM_TRACE("tcp: rank %d's dial %d of its link to rank %d closed (%s); redialled in %lld ms", ctx_.rank, p.index,
-             p.peer, why.c_str(), static_cast<long long>(kRetryAfter.count()));
+  LOOM_TRACE("rank %d's dial %d of its link to rank %d on its %s closed (%s); redialled in %lld ms", ctx_.rank, p.index,
+             p.peer, port_.c_str(), why.c_str(), static_cast<long long>(kRetryAfter.count()));
 }
 
 void OnDemandLinks::abandonDial(int peer) {
@@ -425,13 +426,7 @@ void OnDemandLinks::formed(Pending& p) noexcept {
     tookMs = std::chrono::duration<double, std::milli>(Clock::now() - l.asked).count();
   }
   try {
-    auto conn =
-        std::make_unique<TcpConnection>(ctx_.rank, peer, std::move(socks), ctx_.engine, ctx_.sendEngine, ctx_.failure,
-                                        options_, describe_(peer, remote_.at(peer)), ctx_.lastWordOf);
-    sink_->adopt(peer, *conn);
-    conn->start();
-    LOOM_INFO("%s (linked on first use, in %.1f ms)", conn->describe().c_str(), tookMs);
-    sink_->linked(peer, std::move(conn));
+    form_(peer, std::move(socks), tookMs);
   } catch (...) {
     const Status s = statusFromCurrentException();
     ctx_.failure->fail(s);
@@ -480,7 +475,7 @@ void OnDemandLinks::fail(int peer, const std::string& why) noexcept {
     const std::string cause = word.empty() ? strFormat(": did rank %d die, or is it unreachable?", peer)
                                            : strFormat("; rank %d left: %s", peer, word.c_str());
     s = Status::error(ErrorCode::Timeout,
-                      strFormat("no TCP link with rank %d within %.0f s of its first use (%s)%s (LOOM_INIT_TIMEOUT "
+                      strFormat("no link with rank %d within %.0f s of its first use (%s)%s (LOOM_INIT_TIMEOUT "
                                 "sets the wait)",
                                 peer, static_cast<double>(timeout_.count()) / 1000.0, lastError.c_str(), cause.c_str()),
                       peer);

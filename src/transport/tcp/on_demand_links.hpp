@@ -4,7 +4,9 @@
 // application thread, and both run the job-key handshake of tcp_transport.hpp on every socket.
 // When both dial at once, the lower rank's dial is kept: the lower rank answers the higher one's
 // sockets with a yield (an authenticated "not these"), and the higher rank drops its own dial and
-// accepts. A formed link becomes a TcpConnection handed to the link table (LinkSink).
+// accepts. The proved sockets of a link go to the transport's Former: TCP makes them a
+// TcpConnection for the link table (LinkSink); ib swaps its queue pairs' addresses over the one
+// socket first (ib/link_exchange.hpp) and keeps it as the link's side channel.
 //
 // Everything but linkTo runs on the receive engine's thread: the listeners, every socket in its
 // handshake and a timer (retries, the init deadline of each link, strangers that never speak).
@@ -30,12 +32,15 @@ namespace tcp {
 
 class OnDemandLinks {
  public:
+  /// Takes the ctx.socketsPerPeer proved sockets of `peer`'s link (by stream index) and makes the
+  /// link, handing it to the sink, or throws (the link fails, naming the peer); `tookMs` since the
+  /// link was first asked for. Engine thread.
+  using Former = std::function<void(int peer, std::vector<Socket> sockets, double tookMs)>;
   /// Links this rank with `remote` (the peers and their published endpoints) on demand, through
-  /// `listeners` (this rank's, on `ifaces`), from now on; formed links go to `sink`.
-  /// `describe(peer, endpoints)` is the line a link's describe() shows.
+  /// `listeners` (this rank's, on `ifaces`), from now on: `form` makes each link of its sockets;
+  /// `sink` hears of links that fail. `port` names the listeners in warnings ("peer port").
   OnDemandLinks(const TransportContext& ctx, const std::vector<Interface>& ifaces, const std::vector<Socket>& listeners,
-                std::map<int, Endpoints> remote, LinkSink* sink, TcpOptions options,
-                std::function<std::string(int peer, const Endpoints&)> describe);
+                std::map<int, Endpoints> remote, LinkSink* sink, Former form, std::string port);
   /// After the engine stopped.
   ~OnDemandLinks();
   OnDemandLinks(const OnDemandLinks&) = delete;
@@ -73,8 +78,8 @@ class OnDemandLinks {
   const std::vector<Interface>& ifaces_;
   const std::map<int, Endpoints> remote_;
   LinkSink* const sink_;
-  const TcpOptions options_;
-  const std::function<std::string(int, const Endpoints&)> describe_;
+  const Former form_;
+  const std::string port_;
   const int sockets_;
   const std::chrono::milliseconds timeout_;
   std::vector<std::unique_ptr<Listener>> listeners_;
