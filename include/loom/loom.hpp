@@ -395,11 +395,12 @@ class Communicator {
   /// that pass the same `color` (0 or more) form one new communicator, numbered by `key`, ties
   /// broken by their rank here; a rank passing kSplitNoColor takes part in the call and gets an
   /// empty communicator back (valid() false). No new rendezvous: the new communicators meet
-  /// through this one's links (all-gathers of it swap colors and keys, then endpoints, then say
-  /// who is linked), with this one's options; they have links of their own (over TCP made on first use,
-  /// so a split connects nothing), and live on whatever happens to this one (destroy them in any
-  /// order). If a new communicator cannot be set up, each of its ranks throws, and this one stays
-  /// usable.
+  /// through this one's links (all-gathers of it swap colors and keys, then endpoints, then, where
+  /// some rank links at init, say who is linked), with this one's options; they have links of their
+  /// own (over TCP made on first use, so a split connects nothing), and live on whatever happens to
+  /// this one (destroy them in any order). If a new communicator cannot be set up, each of its
+  /// ranks throws (where every link is made on first use, a rank that failed after the swap is
+  /// named by the first link to it), and this one stays usable.
   Communicator split(int color, int key);
   /// A communicator of `ranks` (ranks of this one, each once, in their new rank order), made by
   /// those ranks alone, as MPI_Comm_create_group: each of them calls it with the same `ranks` and

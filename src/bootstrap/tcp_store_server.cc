@@ -24,6 +24,7 @@ LOOM_PARAM_INT(storeAuthTimeoutMs, "LOOM_STORE_AUTH_TIMEOUT_MS", 10000,
 constexpr size_t kMaxClients = 65536;
 
 std::atomic<uint64_t> served{0};
+std::atomic<uint64_t> keysRead{0};
 
 }  // namespace
 
@@ -114,6 +115,8 @@ void TcpStoreServer::run() {
 }
 
 uint64_t TcpStoreServer::servedInProcess() { return served.load(std::memory_order_relaxed); }
+
+uint64_t TcpStoreServer::keysReadInProcess() { return keysRead.load(std::memory_order_relaxed); }
 
 void TcpStoreServer::answerWaits() {
   // A request answered here may unblock a later one of the same client that sets a key another
@@ -262,6 +265,7 @@ bool TcpStoreServer::handleRequests(Client& c) {
         reply = storewire::encodeReply(storewire::Reply::Ok, {});
         break;
       case storewire::Op::TryGet: {
+        keysRead.fetch_add(1, std::memory_order_relaxed);
         auto it = data_.find(req.key);
         reply = it == data_.end() ? storewire::encodeReply(storewire::Reply::NotFound, {})
                                   : storewire::encodeReply(storewire::Reply::Ok, it->second);
@@ -274,6 +278,7 @@ bool TcpStoreServer::handleRequests(Client& c) {
           LOOM_WARN("rendezvous store: dropped client %s: malformed request (%s)", c.peer.c_str(), why.c_str());
           return false;
         }
+        keysRead.fetch_add(keys.size(), std::memory_order_relaxed);
         std::vector<std::optional<Bytes>> values(keys.size());
         for (size_t i = 0; i < keys.size(); ++i) {
           auto it = data_.find(keys[i]);
@@ -310,6 +315,7 @@ bool TcpStoreServer::handleRequests(Client& c) {
         break;
       }
       case storewire::Op::Wait: {
+        keysRead.fetch_add(1, std::memory_order_relaxed);
         auto it = data_.find(req.key);
         if (it != data_.end()) {
           reply = storewire::encodeReply(storewire::Reply::Ok, it->second);

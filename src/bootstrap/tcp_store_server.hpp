@@ -33,6 +33,9 @@ class TcpStoreServer {
   /// add of 0: what every sleeping communicator asks about once a second, to answer a dump
   /// request): what a test that a step needs no store asks.
   static uint64_t servedInProcess();
+  /// Keys looked up for readers (a get, a wait, each key of a many-key get) by every store server
+  /// of this process so far: the work a bootstrap gives the store beyond its request count.
+  static uint64_t keysReadInProcess();
 
  private:
   struct Client;

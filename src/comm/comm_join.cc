@@ -47,14 +47,16 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   // parent communicator's links must see every rank's part), and then throws.
   std::exception_ptr failed;
   std::string why;
+  bool linksAtInit = true;
   try {
     links_.publish(ctx, selectTransports(options.transports));
+    linksAtInit = !links_.linksAllOnFirstUse();
   } catch (const std::exception& e) {
     failed = std::current_exception();
     why = e.what();
   }
   joinStore_->record(false);
-  const std::vector<Bytes> records = meeting.swap(joinStore_->takeRecord(), why, deadline);
+  const std::vector<Bytes> records = meeting.swap(joinStore_->takeRecord(), why, deadline, linksAtInit);
   try {
     if (failed) std::rethrow_exception(failed);
     learnRecords(*joinStore_, records, rank);

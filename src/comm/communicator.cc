@@ -208,7 +208,7 @@ Communicator Communicator::split(int color, int key) {
   detail::SplitMeeting meeting(*this, ranks);
   if (color == kSplitNoColor) {
     const Deadline deadline(initTimeoutOf(c.options()));
-    meeting.swap({}, "", deadline);
+    meeting.swap({}, "", deadline, false);
     meeting.done("", deadline);
     return Communicator(nullptr);
   }

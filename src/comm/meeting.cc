@@ -14,6 +14,34 @@ namespace detail {
 namespace {
 constexpr char kFailed[] = "failed: ";  // a record or a mark that says why its rank failed
 std::string textOf(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
+// The records as one value: per rank, a u32 length and the record.
+Bytes packRecords(const std::vector<Bytes>& records) {
+  size_t bytes = 0;
+  for (const Bytes& r : records) bytes += 4 + r.size();
+  Bytes out(bytes);
+  size_t at = 0;
+  for (const Bytes& r : records) {
+    storewire::putU32(out.data() + at, static_cast<uint32_t>(r.size()));
+    if (!r.empty()) std::memcpy(out.data() + at + 4, r.data(), r.size());
+    at += 4 + r.size();
+  }
+  return out;
+}
+
+bool unpackRecords(const Bytes& packed, size_t count, std::vector<Bytes>* records) {
+  records->clear();
+  size_t at = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (packed.size() - at < 4) return false;
+    const size_t len = storewire::getU32(packed.data() + at);
+    if (packed.size() - at - 4 < len) return false;
+    const auto from = packed.begin() + static_cast<std::ptrdiff_t>(at + 4);
+    records->emplace_back(from, from + static_cast<std::ptrdiff_t>(len));
+    at += 4 + len;
+  }
+  return at == packed.size();
+}
 }  // namespace
 
 StoreMeeting::StoreMeeting(Store& store, int rank, int size, std::string name, std::string endpoint, bool hosting)
@@ -24,14 +52,16 @@ StoreMeeting::StoreMeeting(Store& store, int rank, int size, std::string name, s
       endpoint_(std::move(endpoint)),
       hosting_(hosting) {}
 
-bool StoreMeeting::arrive(const std::string& counter, const std::string& marker, const Deadline& deadline,
-                          std::vector<int>* missing) {
+std::optional<Bytes> StoreMeeting::arrive(const std::string& counter, const std::string& marker,
+                                          const Deadline& deadline, std::vector<int>* missing,
+                                          const std::function<Bytes()>& announce) {
   const std::string all = counter + "/all";
   if (store_.add(counter, 1) == size_) {
-    store_.setString(all, "1");
-    return true;
+    Bytes value = announce ? announce() : Bytes{'1'};
+    store_.set(all, value);
+    return value;
   }
-  if (store_.get(all, deadline)) return true;
+  if (auto value = store_.get(all, deadline)) return value;
   // Who is missing: asked once, on the way to an error.
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(marker + std::to_string(r));
@@ -39,11 +69,11 @@ bool StoreMeeting::arrive(const std::string& counter, const std::string& marker,
   missing->clear();
   for (int r = 0; r < size_; ++r)
     if (!got[static_cast<size_t>(r)]) missing->push_back(r);
-  if (missing->empty()) return static_cast<bool>(store_.tryGet(all));  // all came just now
-  return false;
+  if (missing->empty()) return store_.tryGet(all);  // all came just now
+  return std::nullopt;
 }
 
-std::vector<Bytes> StoreMeeting::swap(const Bytes& mine, const std::string& failed, const Deadline& deadline) {
+std::vector<Bytes> StoreMeeting::swap(const Bytes& mine, const std::string& failed, const Deadline& deadline, bool) {
   const std::string me = std::to_string(rank_);
   const std::string mark = failed.empty() ? std::string() : failedMark(failed);
   store_.set("record/" + me, failed.empty() ? mine : Bytes(mark.begin(), mark.end()));
@@ -51,8 +81,20 @@ std::vector<Bytes> StoreMeeting::swap(const Bytes& mine, const std::string& fail
   // the store who is missing when their own deadline passes.
   const Deadline joinBy(std::chrono::milliseconds(deadline.remainingMs()) +
                         (hosting_ ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0)));
+  // The last rank in reads the records (all there: each rank writes its own before it counts
+  // itself in) and hands them to the others in the value they wait for.
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back("record/" + std::to_string(r));
+  auto gather = [&] {
+    std::vector<Bytes> records;
+    std::vector<std::string> missing;
+    if (!store_.getAll(keys, deadline, &records, &missing))
+      LOOM_THROW(ErrorCode::Timeout, rank_, strFormat("%s did not arrive in time", missing.front().c_str()));
+    return packRecords(records);
+  };
   std::vector<int> absent;
-  if (!arrive("joined", "record/", joinBy, &absent)) {
+  const std::optional<Bytes> packed = arrive("joined", "record/", joinBy, &absent, gather);
+  if (!packed) {
     LOOM_THROW(ErrorCode::Timeout, rank_,
                strFormat("only %d of %d ranks joined communicator \"%s\" at %s within %.0f s; missing rank(s) %s. "
                          "Did they start, with the same world size and MASTER_ADDR/MASTER_PORT? (LOOM_INIT_TIMEOUT "
@@ -60,12 +102,13 @@ std::vector<Bytes> StoreMeeting::swap(const Bytes& mine, const std::string& fail
                          size_ - static_cast<int>(absent.size()), size_, name_.c_str(), endpoint_.c_str(),
                          deadline.totalSeconds(), rankList(absent).c_str()));
   }
-  std::vector<std::string> keys;
-  for (int r = 0; r < size_; ++r) keys.push_back("record/" + std::to_string(r));
   std::vector<Bytes> records;
-  std::vector<std::string> missing;
-  if (!store_.getAll(keys, deadline, &records, &missing))
-    LOOM_THROW(ErrorCode::Timeout, rank_, strFormat("%s did not arrive in time", missing.front().c_str()));
+  if (!unpackRecords(*packed, static_cast<size_t>(size_), &records)) {
+    LOOM_THROW(ErrorCode::Remote, rank_,
+               strFormat("the records of communicator \"%s\" in the store at %s do not decode (another job "
+                         "using the same store and name?)",
+                         name_.c_str(), endpoint_.c_str()));
+  }
   return records;
 }
 

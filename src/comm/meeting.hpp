@@ -3,8 +3,10 @@
 // for one another once their links are set up.
 //
 // A new communicator meets through its store (StoreMeeting): one write, an arrival count and a wait
-// per rank, then one read of all the records, so that the store's load is a few requests per
-// rank however long the ranks take to come (no rank polls a growing list of keys). A communicator
+// per rank; the last rank in reads every record once and leaves them in the store as one value,
+// which the others' wait returns. The store's load is a few requests per rank however long the
+// ranks take to come (no rank polls a growing list of keys), and each request asks for one key:
+// the store does not look up and copy N keys for each of N ranks. A communicator
 // split from another meets through its parent's links (SplitMeeting, comm/communicator.cc): no
 // new rendezvous.
 //
@@ -12,8 +14,10 @@
 // becomes the record, and the records, once swapped, answer reads before the store is asked.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,8 +33,11 @@ class Meeting {
   virtual ~Meeting() = default;
   /// Every rank's record, in rank order (this rank's own included). `mine` empty with `failed`
   /// set: this rank failed before it had one (why: `failed`), and takes part so that the others
-  /// do not wait for it. Throws naming the ranks that did not come or failed.
-  virtual std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline) = 0;
+  /// do not wait for it. `linksAtInit`: this rank's set-up after the swap may ask its peers
+  /// for something (false: every link is made on first use). Throws naming the ranks that did not
+  /// come or failed.
+  virtual std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline,
+                                  bool linksAtInit) = 0;
   /// Returns once every rank has set up its links; `failed` non-empty: this rank could not (it
   /// takes part, then its caller throws its own error). Throws naming the ranks that failed or
   /// did not come.
@@ -50,14 +57,16 @@ void learnRecords(JoinStore& store, const std::vector<Bytes>& records, int rank)
 class StoreMeeting : public Meeting {
  public:
   StoreMeeting(Store& store, int rank, int size, std::string name, std::string endpoint, bool hosting);
-  std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline) override;
+  std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline,
+                          bool linksAtInit) override;
   void done(const std::string& failed, const Deadline& deadline) override;
 
  private:
-  /// Counts this rank in at `counter` and waits for all (the last one in says so at counter/all).
-  /// False on the deadline, with the ranks whose `marker` key is not set in *missing.
-  bool arrive(const std::string& counter, const std::string& marker, const Deadline& deadline,
-              std::vector<int>* missing);
+  /// Counts this rank in at `counter` and waits for all: the last one in sets counter/all to
+  /// `announce()` ("1" without it) and returns that; the others return what it set. Empty on the
+  /// deadline, with the ranks whose `marker` key is not set in *missing.
+  std::optional<Bytes> arrive(const std::string& counter, const std::string& marker, const Deadline& deadline,
+                              std::vector<int>* missing, const std::function<Bytes()>& announce = nullptr);
 
   Store& store_;
   int rank_, size_;

@@ -11,21 +11,27 @@
 namespace loom {
 namespace detail {
 
-std::vector<Bytes> SplitMeeting::swap(const Bytes& mine, const std::string& failed, const Deadline&) {
+std::vector<Bytes> SplitMeeting::swap(const Bytes& mine, const std::string& failed, const Deadline&, bool linksAtInit) {
   const std::string mark = failed.empty() ? std::string() : failedMark(failed);
   const Bytes& record = failed.empty() ? mine : Bytes(mark.begin(), mark.end());
   const auto parentSize = static_cast<size_t>(parent_.size());
-  // One all-gather of slots of kSlot bytes, each a length and as much of the record as fits (a
-  // record is about a hundred bytes); a second, of the longest record, only where one did not fit.
-  constexpr size_t kSlot = 512, kHead = sizeof(uint32_t);
+  // One all-gather of slots of kSlot bytes, each a length, whether the rank links at init, and as
+  // much of the record as fits (a record is about two hundred bytes); a second, of the longest
+  // record, only where one did not fit.
+  constexpr size_t kLength = sizeof(uint32_t), kHead = kLength + 1, kSlot = 512;
   std::vector<uint8_t> slot(kSlot, 0);
   const auto length = static_cast<uint32_t>(record.size());
-  std::memcpy(slot.data(), &length, kHead);
+  std::memcpy(slot.data(), &length, kLength);
+  slot[kLength] = linksAtInit ? 1 : 0;
   if (!record.empty()) std::memcpy(slot.data() + kHead, record.data(), std::min(record.size(), kSlot - kHead));
   std::vector<uint8_t> all(kSlot * parentSize);
   parent_.allGather(slot.data(), all.data(), kSlot, DataType::Uint8);
   std::vector<uint32_t> lengths(parentSize);
-  for (size_t r = 0; r < parentSize; ++r) std::memcpy(&lengths[r], all.data() + r * kSlot, kHead);
+  anyLinksAtInit_ = false;
+  for (size_t r = 0; r < parentSize; ++r) {
+    std::memcpy(&lengths[r], all.data() + r * kSlot, kLength);
+    anyLinksAtInit_ = anyLinksAtInit_ || all[r * kSlot + kLength] != 0;
+  }
   const size_t longest = *std::max_element(lengths.begin(), lengths.end());
   size_t stride = kSlot, skip = kHead;
   if (longest > kSlot - kHead) {
@@ -45,6 +51,7 @@ std::vector<Bytes> SplitMeeting::swap(const Bytes& mine, const std::string& fail
 }
 
 void SplitMeeting::done(const std::string& failed, const Deadline&) {
+  if (!anyLinksAtInit_) return;  // the same on every rank of the parent: from the swap
   const int32_t ok = failed.empty() ? 1 : 0;
   std::vector<int32_t> all(static_cast<size_t>(parent_.size()));
   parent_.allGather(&ok, all.data(), 1, DataType::Int32);

@@ -1,7 +1,9 @@
 // SplitMeeting: the ranks of a communicator split from another meet through the parent's links
 // (Communicator::split): an all-gather over the parent swaps the records, one more says who set up
-// its links. Every rank of the parent takes part, those that join no new communicator too, so
-// the parent's collectives stay in step whatever fails on the way.
+// its links where any rank links at init (the records say whether: where every link is made on first
+// use, a rank's set-up after the swap asks nothing of its peers, and a peer that failed it is
+// named by the first link to it). Every rank of the parent takes part, those that join no new
+// communicator too, so the parent's collectives stay in step whatever fails on the way.
 #pragma once
 
 #include <string>
@@ -19,12 +21,14 @@ class SplitMeeting : public Meeting {
   /// `members`: the parent's ranks that form this rank's new communicator, in their new order
   /// (empty on a rank that joins none).
   SplitMeeting(Communicator& parent, std::vector<int> members) : parent_(parent), members_(std::move(members)) {}
-  std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline) override;
+  std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline,
+                          bool linksAtInit) override;
   void done(const std::string& failed, const Deadline& deadline) override;
 
  private:
   Communicator& parent_;
   std::vector<int> members_;
+  bool anyLinksAtInit_ = true;  // some rank's set-up asks its peers: done() meets (swap says)
 };
 
 }  // namespace detail

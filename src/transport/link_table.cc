@@ -56,6 +56,13 @@ void LinkTable::publish(TransportContext& ctx, const std::vector<TransportEntry>
   }
 }
 
+bool LinkTable::linksAllOnFirstUse() const {
+  if (!lazyLinks(rank_, size_)) return false;
+  for (const auto& t : transports_)
+    if (!t->linksOnDemand()) return false;
+  return true;
+}
+
 void LinkTable::connect(TransportContext& ctx) {
   const auto nodeOf = [&](int r) { return ctx.nodeOf[static_cast<size_t>(r)]; };
   std::vector<std::vector<int>> peersOf(transports_.size());

@@ -46,6 +46,10 @@ class LinkTable : private LinkSink {
   /// Links every peer (ctx.nodeOf set) within ctx.deadline; throws Error naming a peer that no
   /// allowed transport reaches, or whatever a transport's connect throws.
   void connect(TransportContext& ctx);
+  /// Whether connect() leaves every link to be made on first use (every transport published
+  /// links on demand, and LOOM_CONNECT says so for this world size): it then asks nothing of the
+  /// peers. After publish; throws on a bad LOOM_CONNECT.
+  bool linksAllOnFirstUse() const;
 
   Connection& to(int peer) { return *conns_[static_cast<size_t>(peer)]; }
   /// The transport's name linking to `peer` ("self" for this rank), for logs.

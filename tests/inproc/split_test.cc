@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "bootstrap/tcp_store_server.hpp"
+#include "comm/comm_impl.hpp"
+#include "common/env_guard.hpp"
 #include "common/ranks.hpp"
 #include "loom/loom.h"
 #include "loom/loom.hpp"
@@ -139,6 +141,38 @@ TEST(Split, MeetsThroughTheParentNotTheStore) {
     if (c.rank() == 0) after = loom::TcpStoreServer::servedInProcess();
   });
   EXPECT_EQ(after.load() - before.load(), 0u);
+}
+
+// The sequence number the communicator's next collective takes (a no-op run in its place; every
+// rank calls it, as a collective).
+int64_t nextSeq(loom::Communicator& c) {
+  std::atomic<int64_t> seen{-1};
+  c.impl()->submit("probe", [&](int64_t seq) { seen = seq; })->wait();
+  return seen.load();
+}
+
+// Where every link of the new communicators is made on first use, their set-up asks nothing of
+// the peers and the split says so in the records it swaps: it costs the parent two collectives
+// (the colors, the records). Where links are made at init, a third says who set them up.
+TEST(Split, LinksOnFirstUseSpareTheParentACollective) {
+  loomtest::TransportSetup links("tcp");
+  for (const char* connect : {"lazy", "eager"}) {
+    loomtest::EnvGuard mode("LOOM_CONNECT", connect);
+    loomtest::runOk(5, [&](loom::Communicator& c) {
+      const int64_t before = nextSeq(c);
+      loom::Communicator part = c.split(c.rank() == 4 ? loom::kSplitNoColor : c.rank() % 2, 0);
+      EXPECT_EQ(nextSeq(c) - before - 1, std::string(connect) == "lazy" ? 2 : 3) << "LOOM_CONNECT=" << connect;
+      if (part.valid()) {
+        EXPECT_EQ(part.linkCount(), std::string(connect) == "lazy" ? 0 : 1);
+        int32_t x = c.rank();
+        part.allReduce(&x, &x, 1, DataType::Int32, ReduceOp::Sum);
+        EXPECT_EQ(x, c.rank() % 2 == 0 ? 2 : 4);
+      }
+      int32_t y = 1;
+      c.allReduce(&y, &y, 1, DataType::Int32, ReduceOp::Sum);  // the parent still in step
+      EXPECT_EQ(y, 5);
+    });
+  }
 }
 
 // A record longer than its slot (a long host identity here) takes the second round of the swap.

@@ -2,7 +2,9 @@
 // and huge length fields, while the job forms and runs. They are rejected and the job completes.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -14,6 +16,7 @@
 #include "bootstrap/store_protocol.hpp"
 #include "bootstrap/tcp_store.hpp"
 #include "bootstrap/tcp_store_server.hpp"
+#include "common/env_guard.hpp"
 #include "common/ranks.hpp"
 
 using namespace loom;
@@ -223,6 +226,29 @@ TEST(Store, GetWaitsOnTheServerSide) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(waiter.get("never", Deadline(400ms)).has_value());
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 390ms);
+}
+
+// A communicator's init asks the store for a few keys per rank: the last rank in reads the
+// records once and hands them to the others in the value they wait for, where each rank read all
+// N records (N^2 lookups and copies in the store's one thread).
+TEST(Store, AnInitReadsAFewKeysPerRank) {
+  loomtest::TransportSetup links("tcp");  // links made on first use: the join alone
+  for (int n : {4, 16}) {
+    const uint64_t requests = TcpStoreServer::servedInProcess(), keys = TcpStoreServer::keysReadInProcess();
+    std::atomic<uint64_t> afterRequests{0}, afterKeys{0};
+    loomtest::runOk(n, [&](loom::Communicator& c) {
+      c.barrier();
+      if (c.rank() == 0) {
+        afterRequests = TcpStoreServer::servedInProcess();
+        afterKeys = TcpStoreServer::keysReadInProcess();
+      }
+    });
+    const uint64_t r = afterRequests - requests, k = afterKeys - keys;
+    std::printf("[ store ] init of %d ranks: %llu requests, %llu keys read\n", n, static_cast<unsigned long long>(r),
+                static_cast<unsigned long long>(k));
+    EXPECT_LE(r, 8u * static_cast<uint64_t>(n)) << n << " ranks";
+    EXPECT_LE(k, 4u * static_cast<uint64_t>(n) + static_cast<uint64_t>(n)) << n << " ranks";  // the records once
+  }
 }
 
 // Requests a client sends behind a wait are served after it, in order: a set queued behind a wait

@@ -93,12 +93,6 @@ OnDemandLinks::OnDemandLinks(const TransportContext& ctx, const std::vector<Inte
       port_(std::move(port)),
       sockets_(ctx.socketsPerPeer),
       timeout_(ctx.deadline.total()) {
-  for (const auto& [peer, eps] : remote_) {
-    Link& l = links_[peer];
-    l.socks.resize(static_cast<size_t>(sockets_));
-    l.dialing.assign(static_cast<size_t>(sockets_), false);
-    l.retryAt.assign(static_cast<size_t>(sockets_), Clock::time_point{});
-  }
   timer_ = std::make_unique<Timer>(this);
   if (timer_->fd() < 0) LOOM_THROW(ErrorCode::System, ctx.rank, "timerfd_create: " + errnoText(errno));
   ctx_.engine->add(timer_->fd(), timer_.get(), EPOLLIN);
@@ -119,13 +113,25 @@ OnDemandLinks::~OnDemandLinks() {
 void OnDemandLinks::linkTo(int peer) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = links_.find(peer);
-    if (it == links_.end() || it->second.state != Link::Idle) return;
-    it->second.state = Link::Dialing;
-    it->second.asked = Clock::now();
-    it->second.deadline = it->second.asked + timeout_;
+    if (remote_.count(peer) == 0) return;
+    Link& l = linkOf(peer);
+    if (l.state != Link::Idle) return;
+    l.state = Link::Dialing;
+    l.asked = Clock::now();
+    l.deadline = l.asked + timeout_;
   }
   armTimer(std::chrono::milliseconds(0));
+}
+
+OnDemandLinks::Link& OnDemandLinks::linkOf(int peer) {
+  auto [it, added] = links_.try_emplace(peer);
+  if (added) {
+    Link& l = it->second;
+    l.socks.resize(static_cast<size_t>(sockets_));
+    l.dialing.assign(static_cast<size_t>(sockets_), false);
+    l.retryAt.assign(static_cast<size_t>(sockets_), Clock::time_point{});
+  }
+  return it->second;
 }
 
 void OnDemandLinks::armTimer(std::chrono::milliseconds after) noexcept {
@@ -295,7 +301,7 @@ void OnDemandLinks::onAnswer(Pending& p) {
       return formed(p);
     case wire::Answer::Yield: {
       std::lock_guard<std::mutex> lock(mu_);
-      Link& l = links_.at(p.peer);
+      Link& l = linkOf(p.peer);
       if (l.state == Link::Dialing) l.state = Link::Accepting;
       abandonDial(p.peer);
       return;
@@ -324,7 +330,7 @@ void OnDemandLinks::onConnectorHello(Pending& p) {
   bool yield = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Link& l = links_.at(from);
+    Link& l = linkOf(from);
     switch (l.state) {
       case Link::Up:
         // A higher rank's socket sent before our yield reached it (dials that crossed): it drops
@@ -379,7 +385,7 @@ void OnDemandLinks::drop(Pending& p, const std::string& why, bool stray) noexcep
   }
   if (!outbound) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Link& l = links_.at(p.peer);
+  Link& l = linkOf(p.peer);
   l.dialing[static_cast<size_t>(p.index)] = false;
   l.retryAt[static_cast<size_t>(p.index)] = Clock::now() + kRetryAfter;
   l.lastError = p.remote + ": " + why;
@@ -395,7 +401,7 @@ void OnDemandLinks::abandonDial(int peer) {
     p->state = Pending::Done;
     p->doneAt = ticks_;
   }
-  Link& l = links_.at(peer);
+  Link& l = linkOf(peer);
   std::fill(l.dialing.begin(), l.dialing.end(), false);
   for (auto& s : l.socks) s.reset();
   l.have = 0;
@@ -410,7 +416,7 @@ void OnDemandLinks::formed(Pending& p) noexcept {
   double tookMs = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Link& l = links_.at(peer);
+    Link& l = linkOf(peer);
     p.state = Pending::Done;
     p.doneAt = ticks_;
     l.dialing[index] = false;
@@ -439,7 +445,7 @@ void OnDemandLinks::fail(int peer, const std::string& why) noexcept {
   bool refused = false, noDescriptors = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Link& l = links_.at(peer);
+    Link& l = linkOf(peer);
     if (l.state == Link::Up || l.state == Link::Failed) return;
     lastError = why.empty() ? l.lastError : why;
     refused = l.refused || lastError.find(errnoText(ECONNREFUSED)) != std::string::npos;

@@ -72,6 +72,9 @@ class OnDemandLinks {
   void abandonDial(int peer);
   void fail(int peer, const std::string& why) noexcept;
   void armTimer(std::chrono::milliseconds after) noexcept;
+  /// `peer`'s link, made Idle on first touch (only the peers in use have one: the timer's tick
+  /// walks them all). `peer` is in remote_; mu_ held.
+  Link& linkOf(int peer);
   wire::Ids idsOf(const Pending& p) const;
 
   const TransportContext ctx_;  // a copy: the caller's is gone after init
@@ -87,7 +90,7 @@ class OnDemandLinks {
   std::mutex mu_;
   std::mutex timerMu_;  // armTimer's, and armedFor_
   std::chrono::steady_clock::time_point armedFor_ = std::chrono::steady_clock::time_point::max();
-  std::map<int, Link> links_;                      // by peer; guarded by mu_
+  std::map<int, Link> links_;                      // by peer, those touched; guarded by mu_
   std::vector<std::unique_ptr<Pending>> pending_;  // engine thread only
   uint64_t ticks_ = 0;                             // engine thread only
   int rejected_ = 0;                               // engine thread only

@@ -93,7 +93,9 @@ struct TcpConnection::Stream {
   // Receiving (the receive thread's alone, but for failLocked while `reading` is false).
   bool reading = false;  // the receive thread is in recv on this stream, unlocked
   int lowWater = 1;      // the socket's SO_RCVLOWAT
-  std::vector<uint8_t> in = std::vector<uint8_t>(kInBufBytes);
+  // Left uninitialised: only [rpos, wpos) is read, and a link that carries small messages touches
+  // only its first pages (zeroing it cost every link its whole size at set-up, every rank many links).
+  std::unique_ptr<uint8_t[]> in{new uint8_t[kInBufBytes]};
   size_t rpos = 0;
   size_t wpos = 0;
   bool inPayload = false;

@@ -164,7 +164,7 @@ Status TcpConnection::readSome(Stream& s, std::unique_lock<std::mutex>& lock) {
   for (int reads = 0;;) {
     if (!s.inPayload) {
       if (s.wpos - s.rpos >= kHeaderBytes) {
-        FrameHeader h = decodeHeader(s.in.data() + s.rpos);
+        FrameHeader h = decodeHeader(s.in.get() + s.rpos);
         s.rpos += kHeaderBytes;
         Status st = onHeaderLocked(s, h);
         if (!st.ok) return st;
@@ -183,7 +183,7 @@ Status TcpConnection::readSome(Stream& s, std::unique_lock<std::mutex>& lock) {
           // Handed on unlocked, like a read: `reading` keeps failLocked off this stream's buffer and
           // receive meanwhile, and other streams' slices of the message go on at once.
           ReceiveConsumer* consumer = s.consumer;
-          const uint8_t* src = s.in.data() + s.rpos;
+          const uint8_t* src = s.in.get() + s.rpos;
           const size_t at = s.consumeAt;
           s.reading = true;
           lock.unlock();
@@ -197,7 +197,7 @@ Status TcpConnection::readSome(Stream& s, std::unique_lock<std::mutex>& lock) {
           s.consumeAt += take;
           s.target += take;
         } else if (s.target != nullptr) {
-          kernels::copy(s.target, s.in.data() + s.rpos, take);
+          kernels::copy(s.target, s.in.get() + s.rpos, take);
           s.target += take;
         }
         s.rpos += take;
@@ -216,18 +216,18 @@ Status TcpConnection::readSome(Stream& s, std::unique_lock<std::mutex>& lock) {
     if (s.rpos == s.wpos) {
       s.rpos = s.wpos = 0;
     } else if (s.rpos > 0) {
-      std::memmove(s.in.data(), s.in.data() + s.rpos, s.wpos - s.rpos);
+      std::memmove(s.in.get(), s.in.get() + s.rpos, s.wpos - s.rpos);
       s.wpos -= s.rpos;
       s.rpos = 0;
     }
     const bool direct =
         s.inPayload && s.target != nullptr && s.consumer == nullptr && s.remaining >= kDirectReadBytes && s.wpos == 0;
-    uint8_t* dst = direct ? s.target : s.in.data() + s.wpos;
+    uint8_t* dst = direct ? s.target : s.in.get() + s.wpos;
     // Between frames, read a little: enough to batch small frames, not so much that a following
     // large payload lands in the staging buffer and has to be copied again. A payload for a
     // consumer is read up to its end only, for the same reason (what is buffered of it is less
     // than what it still owes, or it would have been handed on above).
-    const size_t room = s.in.size() - s.wpos;
+    const size_t room = kInBufBytes - s.wpos;
     const size_t len = direct                  ? s.remaining
                        : s.consumer != nullptr ? std::min(room, s.remaining - (s.wpos - s.rpos))
                        : s.inPayload           ? room
