@@ -4,6 +4,8 @@
 // up keep their order and their place against receives from any source, and a peer that is gone
 // is named at once. LOOM_CONNECT=eager keeps the full mesh made at init.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +18,9 @@
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
 #include "loom_config.h"
+#include "net/interfaces.hpp"
+#include "net/socket.hpp"
+#include "transport/tcp/handshake.hpp"
 
 namespace {
 
@@ -261,6 +266,28 @@ TEST(OnDemand, AnUnknownSettingIsAClearError) {
   auto results = loomtest::runRanks(2, [](loom::Communicator&) {});
   for (const auto& r : results)
     EXPECT_NE(r.error.find("LOOM_CONNECT=sometimes: expected auto, lazy or eager"), std::string::npos) << r.error;
+}
+
+// A dialled socket is bound to its interface's address but leaves the port to connect(), which
+// may give sockets to different peers the same one: a bind that picked the port reserved one per
+// socket, and a large job beside the sockets its earlier runs left in TIME_WAIT ran the ephemeral
+// range down (links then waited on the kernel's search for a free port).
+TEST(OnDemand, DialsLeaveThePortToConnect) {
+  const loom::SockAddr any = loom::SockAddr::resolve("127.0.0.1", 0).front();
+  int err = 0;
+  loom::Socket a = loom::listenOn(any, 4, &err), b = loom::listenOn(any, 4, &err);
+  ASSERT_TRUE(a.valid() && b.valid()) << err;
+  const loom::Interface lo{"lo", any};
+  std::string why;
+  for (const loom::Socket* to : {&a, &b}) {
+    loom::Socket s = loom::tcp::dialFrom(lo, loom::localAddress(to->fd()), &why);
+    ASSERT_TRUE(s.valid()) << why;
+    int noPort = 0;
+    socklen_t len = sizeof(noPort);
+    ASSERT_EQ(getsockopt(s.fd(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &noPort, &len), 0);
+    EXPECT_EQ(noPort, 1);
+    EXPECT_EQ(loom::localAddress(s.fd()).host(), "127.0.0.1");  // still from its interface
+  }
 }
 
 }  // namespace

@@ -132,7 +132,14 @@ Socket dialFrom(const Interface& from, const SockAddr& target, std::string* erro
   }
   SockAddr local = from.addr;
   local.setPort(0);
-  if (local.family() == target.family()) (void)::bind(s.fd(), local.raw(), local.length());
+  if (local.family() == target.family()) {
+    // The port is picked at connect(), unique per peer address (not per host): a bind that
+    // picks it reserves a port of its own for every socket, and a large job's sockets with those
+    // its earlier runs left in TIME_WAIT use up the ephemeral range.
+    int one = 1;
+    (void)::setsockopt(s.fd(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+    (void)::bind(s.fd(), local.raw(), local.length());
+  }
   if (::connect(s.fd(), target.raw(), target.length()) != 0 && errno != EINPROGRESS) {
     const int err = errno;
     *error = strFormat("%s: %s", target.toString().c_str(), errnoText(err).c_str());

@@ -462,10 +462,11 @@ void OnDemandLinks::fail(int peer, const std::string& why) noexcept {
     s = Status::error(ErrorCode::Remote, why, peer);
   } else if (noDescriptors) {
     const size_t open = openDescriptors();  // 0 where even /proc/self/fd cannot be opened
+    // Fewer sockets per peer only where a link has several (ib's side channel is one socket).
     s = Status::error(ErrorCode::System,
-                      strFormat("cannot link rank %d: %s%s; raise the limit (ulimit -n) or use fewer sockets per "
-                                "peer (LOOM_SOCKETS_PER_PEER)",
-                                peer, lastError.c_str(), open > 0 ? strFormat(", with %zu open", open).c_str() : ""),
+                      strFormat("cannot link rank %d: %s%s; raise the limit (ulimit -n)%s", peer, lastError.c_str(),
+                                open > 0 ? strFormat(", with %zu open", open).c_str() : "",
+                                sockets_ > 1 ? " or use fewer sockets per peer (LOOM_SOCKETS_PER_PEER)" : ""),
                       peer);
   } else if (refused) {
     // Its listener is gone, so its communicator is: what it left in the store says why.
