@@ -112,7 +112,8 @@ void printRdmaDevices() {
   for (const auto& p : ports) std::printf("  %s\n", p.describe().c_str());
   // Device buffers over the port a rank of this process would open.
   try {
-    auto port = loom::ib::OpenPort::open(*v, loom::ib::ibSettingsFromEnv(), loom::ib::callerLocality(0), &why);
+    auto port = loom::ib::OpenPort::open(
+        *v, loom::ib::ibSettingsFromEnv(), [] { return loom::ib::callerLocality(0); }, &why);
     if (!port) {
       std::printf("GPUDirect RDMA: not looked for (%s)\n", why.c_str());
       return;

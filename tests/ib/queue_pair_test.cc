@@ -162,7 +162,8 @@ void connectAndSend(const char* hca) {
   std::string why;
   const Verbs* v = verbs(&why);
   ASSERT_NE(v, nullptr) << why;
-  auto port = OpenPort::open(*v, ibSettingsFromEnv(), Locality{}, &why);
+  auto port = OpenPort::open(
+      *v, ibSettingsFromEnv(), [] { return Locality{}; }, &why);
   ASSERT_NE(port, nullptr) << why;
   const PortContext& pc = port->context();
   ibv_cq* cq = v->createCq(pc.context, 64, nullptr, nullptr, 0);
@@ -218,7 +219,8 @@ TEST(QueuePair, ABadAddressIsAnErrorNamingThePeer) {
   std::string why;
   const Verbs* v = verbs(&why);
   loomtest::EnvGuard g("LOOM_IB_HCA", "mlx5_0");
-  auto port = OpenPort::open(*v, ibSettingsFromEnv(), Locality{}, &why);
+  auto port = OpenPort::open(
+      *v, ibSettingsFromEnv(), [] { return Locality{}; }, &why);
   ASSERT_NE(port, nullptr) << why;
   ibv_cq* cq = v->createCq(port->context().context, 8, nullptr, nullptr, 0);
   {
@@ -242,7 +244,9 @@ TEST(OpenPort, NoUsablePortSaysWhy) {
   std::string why;
   const Verbs* v = verbs(&why);
   loomtest::EnvGuard g("LOOM_IB_HCA", "mlx5_2");
-  EXPECT_EQ(OpenPort::open(*v, ibSettingsFromEnv(), Locality{}, &why), nullptr);
+  EXPECT_EQ(OpenPort::open(
+                *v, ibSettingsFromEnv(), [] { return Locality{}; }, &why),
+            nullptr);
   EXPECT_NE(why.find("mlx5_2:1 (DOWN)"), std::string::npos) << why;
 }
 

@@ -116,8 +116,14 @@ void IbTransport::publish(TransportContext& ctx) {
   const Verbs* v = verbs(&why);
   if (v != nullptr) {
     // Ranks of a node are usually numbered in a row: the rank spreads them over the node's ports.
-    where = callerLocality(ctx.rank);
-    port_ = OpenPort::open(*v, ibSettingsFromEnv(), where, &why);
+    const int rank = ctx.rank;
+    port_ = OpenPort::open(
+        *v, ibSettingsFromEnv(),
+        [&where, rank] {
+          where = callerLocality(rank);
+          return where;
+        },
+        &why);
   }
   if (!port_) {
     why_ = why;

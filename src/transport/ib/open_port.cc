@@ -8,11 +8,11 @@
 namespace loom {
 namespace ib {
 
-std::unique_ptr<OpenPort> OpenPort::open(const Verbs& v, const IbSettings& settings, const Locality& where,
-                                         std::string* why) {
+std::unique_ptr<OpenPort> OpenPort::open(const Verbs& v, const IbSettings& settings,
+                                         const std::function<Locality()>& locate, std::string* why) {
   const std::vector<PortInfo> ports = listPorts(v, why);
   if (ports.empty()) return nullptr;  // *why says why there is none
-  const PortInfo* chosen = choosePort(ports, settings.hca, where, why);
+  const PortInfo* chosen = choosePort(ports, settings.hca, locate(), why);
   if (chosen == nullptr) return nullptr;
   int gidIndex = -1;
   if (chosen->ethernet) {

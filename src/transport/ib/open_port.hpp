@@ -3,6 +3,7 @@
 // its RoCE queue pairs send from.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -13,11 +14,12 @@ namespace ib {
 
 class OpenPort {
  public:
-  /// Opens the port choosePort() picks for a rank at `where` (LOOM_IB_HCA, its GPU or NUMA node,
-  /// its local index). Null and *why when the library, a device or a usable port is missing or
-  /// cannot be opened.
-  static std::unique_ptr<OpenPort> open(const Verbs& v, const IbSettings& settings, const Locality& where,
-                                        std::string* why);
+  /// Opens the port choosePort() picks for a rank at `locate()` (LOOM_IB_HCA, its GPU or NUMA
+  /// node, its local index). `locate` runs only once a port is found: it may load the node's
+  /// topology, which a rank of a node without RDMA devices should not pay for. Null and *why when
+  /// the library, a device or a usable port is missing or cannot be opened.
+  static std::unique_ptr<OpenPort> open(const Verbs& v, const IbSettings& settings,
+                                        const std::function<Locality()>& locate, std::string* why);
   ~OpenPort();
   OpenPort(const OpenPort&) = delete;
   OpenPort& operator=(const OpenPort&) = delete;

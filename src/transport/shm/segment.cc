@@ -51,12 +51,13 @@ std::map<std::string, Mapping>& mappings() {
   return *m;
 }
 
-/// This process's mapping of `name` if it has one of `bytes`, now held once more; else null.
-void* holdShared(const std::string& name, size_t bytes) {
+/// This process's mapping of `name` if it has one, now held once more, and its size; else null.
+void* holdShared(const std::string& name, size_t* bytes) {
   std::lock_guard<std::mutex> lock(mappingsMu);
   auto it = mappings().find(name);
-  if (it == mappings().end() || it->second.bytes != bytes) return nullptr;
+  if (it == mappings().end()) return nullptr;
   ++it->second.holders;
+  *bytes = it->second.bytes;
   return it->second.base;
 }
 
@@ -188,6 +189,7 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
   Nonce c = randomNonce();
   std::memcpy(&h->cookie, c.data(), sizeof(h->cookie));
   h->cookie |= 1;  // never 0, which a failed read would leave
+  h->cookieAddr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&h->cookie));
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -195,55 +197,78 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
   pthread_mutex_init(&h->alive, &attr);
   pthread_mutexattr_destroy(&attr);
   if (segmentTestHooks().afterCreate) segmentTestHooks().afterCreate(h);
+  h->ready.store(1, std::memory_order_release);
   return seg;
 }
 
-Segment Segment::attach(const std::string& name, int self, int owner, size_t expectBytes, const Nonce& commId) {
+bool Segment::tryAttach(const std::string& name, int self, int owner, const Nonce& commId, Segment* out) {
   const std::string path = "/dev/shm" + name;
-  if (void* mine = holdShared(name, expectBytes)) {
-    Segment seg;
+  Segment seg;
+  seg.name_ = name;
+  size_t bytes = 0;
+  if (void* mine = holdShared(name, &bytes)) {
+    // Ranks that are threads of this process: the owner (or a peer) mapped it already.
     seg.base_ = mine;
-    seg.bytes_ = expectBytes;
-    seg.name_ = name;
+    seg.bytes_ = bytes;
     seg.shared_ = true;
-    validate(seg, self, owner, expectBytes, commId);
-    return seg;
+    if (seg.header()->ready.load(std::memory_order_acquire) == 0) return false;  // released by ~Segment
+    validate(seg, self, owner, commId);
+    *out = std::move(seg);
+    return true;
   }
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
     const int e = errno;
+    if (e == ENOENT) return false;  // not created yet
     LOOM_THROW_PEER(ErrorCode::System, self, owner,
                     strFormat("cannot open rank %d's shared-memory segment %s: %s (is /dev/shm shared between the "
                               "ranks, i.e. the same IPC namespace and mount? LOOM_HOST_ID / LOOM_TRANSPORT=^shm)",
                               owner, path.c_str(), errnoText(e).c_str()));
   }
   struct stat st {};
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != expectBytes || expectBytes < headerBytes()) {
-    const long long got = static_cast<long long>(st.st_size);
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < headerBytes()) {
     close(fd);
-    LOOM_THROW_PEER(ErrorCode::InvalidUsage, self, owner,
-                    strFormat("rank %d's shared-memory segment %s is %lld bytes, but %zu were announced: not the "
-                              "segment rank %d created (a name collision with another job?)",
-                              owner, path.c_str(), got, expectBytes, owner));
+    return false;  // created, not sized yet (its owner's fallocate sets the size once done)
   }
-  void* p = mmap(nullptr, expectBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  bytes = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int e = errno;
-  close(fd);
   if (p == MAP_FAILED) {
+    close(fd);
     LOOM_THROW_PEER(
         ErrorCode::System, self, owner,
         strFormat("cannot map rank %d's shared-memory segment %s: %s", owner, path.c_str(), errnoText(e).c_str()));
   }
-  Segment seg;
   seg.base_ = p;
-  seg.bytes_ = expectBytes;
-  seg.name_ = name;
-  seg.shared_ = share(name, p, expectBytes);
-  validate(seg, self, owner, expectBytes, commId);
-  return seg;
+  seg.bytes_ = bytes;
+  const auto* h = seg.header();
+  if (h->ready.load(std::memory_order_acquire) == 0) {
+    close(fd);
+    return false;  // unmapped by ~Segment
+  }
+  // A size that disagrees with the header: a segment still growing (the size was read before the
+  // owner's fallocate ended) maps again at its full size; one that stays so is not the owner's.
+  if (h->totalBytes != bytes && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) != bytes) {
+    close(fd);
+    return false;
+  }
+  close(fd);
+  seg.shared_ = share(name, p, bytes);
+  validate(seg, self, owner, commId);
+  *out = std::move(seg);
+  return true;
 }
 
-void Segment::validate(const Segment& seg, int self, int owner, size_t expectBytes, const Nonce& commId) {
+void Segment::markAttached(int slot) {
+  header()->attached[slot / 64].fetch_or(uint64_t{1} << (slot % 64), std::memory_order_release);
+}
+
+bool Segment::attachedBy(int slot) const {
+  return (header()->attached[slot / 64].load(std::memory_order_acquire) >> (slot % 64) & 1) != 0;
+}
+
+void Segment::validate(const Segment& seg, int self, int owner, const Nonce& commId) {
+  const size_t bytes = seg.bytes_;
   const std::string path = "/dev/shm" + seg.name_;
   const auto* h = seg.header();
   std::string why;
@@ -252,12 +277,12 @@ void Segment::validate(const Segment& seg, int self, int owner, size_t expectByt
   } else if (h->version != kSegmentVersion) {
     why = strFormat("its layout version is %u, this build speaks %u (different Loom versions in one job?)", h->version,
                     kSegmentVersion);
-  } else if (h->totalBytes != expectBytes || h->slots == 0 || h->slots > 4096 || h->ringBytes == 0 ||
+  } else if (h->totalBytes != bytes || h->slots == 0 || h->slots > kMaxSlots || h->ringBytes == 0 ||
              sizeFor(static_cast<int>(h->slots), static_cast<size_t>(h->ringBytes),
-                     static_cast<size_t>(h->directBytes)) != expectBytes) {
-    why = strFormat("its header describes %llu bytes (%u rings of %llu), not the %zu bytes announced",
+                     static_cast<size_t>(h->directBytes)) != bytes) {
+    why = strFormat("its header describes %llu bytes (%u rings of %llu), not the %zu bytes of its file",
                     static_cast<unsigned long long>(h->totalBytes), h->slots,
-                    static_cast<unsigned long long>(h->ringBytes), expectBytes);
+                    static_cast<unsigned long long>(h->ringBytes), bytes);
   } else if (h->owner != static_cast<uint32_t>(owner) || std::memcmp(h->commId, commId.data(), 16) != 0) {
     why = strFormat("it belongs to rank %u of another communicator (a name collision with another job?)", h->owner);
   }

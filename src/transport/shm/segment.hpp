@@ -1,8 +1,11 @@
 // Segment: one rank's shared-memory "inbox" for one communicator, a POSIX shared-memory object
-// in /dev/shm. The rank that owns it creates it; every other rank of its node attaches it and
-// writes into its own ring there (one single-producer/single-consumer ring per local peer). The
-// owner unlinks it as soon as every local peer has attached, so nothing stays in /dev/shm after
-// setup, whatever happens to the processes later (SIGKILL included).
+// in /dev/shm whose name follows from the communicator and the rank (nameFor). The rank that owns
+// it creates it and marks it ready; every other rank of its node attaches it once it is, writes
+// into its own ring there (one single-producer/single-consumer ring per local peer) and sets its
+// bit in the header's attach map. The owner unlinks it as soon as every local peer's bit is set,
+// so nothing stays in /dev/shm after setup, whatever happens to the processes later (SIGKILL
+// included). Nothing about a segment goes through the store: a node of L ranks makes L² attaches,
+// which would otherwise be L² keys on one process.
 //
 // Layout (page-aligned pieces): SegmentHeader | RingControl[slots] | ring data[slots] | direct
 // area (the owner stages data there that every local rank loads in place: collectives/direct.cc).
@@ -29,7 +32,8 @@ namespace loom {
 namespace shm {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cULL;  // "LOOMSHM1"
-constexpr uint32_t kSegmentVersion = 4;                    // 4: a device-memory record (CUDA IPC)
+constexpr uint32_t kSegmentVersion = 5;                    // 5: ready flag, attach map, cookie address
+constexpr int kMaxSlots = 4096;                            // local peers a segment has rings for
 constexpr size_t kCacheLine = 64;
 
 /// Control words of one ring; head and tail on their own cache lines.
@@ -49,7 +53,12 @@ struct SegmentHeader {
   uint32_t owner;        ///< rank
   int32_t pid;           ///< owner's pid, as the owner sees it
   uint8_t commId[16];
-  uint64_t cookie;  ///< random; peers read it with process_vm_readv to test cross-memory attach
+  uint64_t cookie;      ///< random; peers read it with process_vm_readv to test cross-memory attach
+  uint64_t cookieAddr;  ///< the cookie's address in the owner's process, for that probe
+  /// Set (release) once everything above is written: a peer that finds the name before then waits.
+  std::atomic<uint32_t> ready;
+  /// Bit `slot` set by the peer writing into ring `slot` once it has attached the segment.
+  alignas(kCacheLine) std::atomic<uint64_t> attached[kMaxSlots / 64];
   alignas(kCacheLine) pthread_mutex_t alive;           ///< robust; held by the owner's progress thread
   alignas(kCacheLine) std::atomic<uint32_t> doorbell;  ///< bumped by every writer; futex word
   std::atomic<uint32_t> sleepers;                      ///< owner threads asleep on the doorbell
@@ -104,13 +113,20 @@ class Segment {
   static size_t sizeFor(int slots, size_t ringBytes, size_t directBytes);
 
   /// Creates, sizes (fallocate: a full /dev/shm fails here, not later with SIGBUS) and maps the
-  /// segment, and initialises its header. Throws Error(System) naming the segment: EEXIST (another
-  /// job or a killed one left the same name), ENOSPC, EACCES.
+  /// segment, and initialises its header, ready last. Throws Error(System) naming the segment:
+  /// EEXIST (another job or a killed one left the same name), ENOSPC, EACCES.
   static Segment create(const std::string& name, int owner, int slots, size_t ringBytes, size_t directBytes,
                         const Nonce& commId);
-  /// Opens and maps a peer's segment and checks it is what `owner` published: magic, version,
-  /// size, owner and communicator. Throws Error naming the segment and the peer otherwise.
-  static Segment attach(const std::string& name, int self, int owner, size_t expectBytes, const Nonce& commId);
+  /// Attaches `owner`'s segment `name` into *out once the owner has made it ready: false while it
+  /// is not there or not ready yet (ask again). Throws Error naming the segment and the peer where
+  /// it cannot be opened or mapped, or is not what `owner` of `commId` creates (magic, version,
+  /// size, owner, communicator).
+  static bool tryAttach(const std::string& name, int self, int owner, const Nonce& commId, Segment* out);
+
+  /// Tells the owner that the peer writing into ring `slot` has attached this segment.
+  void markAttached(int slot);
+  /// Whether the peer writing into ring `slot` has attached this segment.
+  bool attachedBy(int slot) const;
 
   /// Removes the name from /dev/shm (the mapping stays). Idempotent; ENOENT is fine.
   void unlink() noexcept;
@@ -127,7 +143,7 @@ class Segment {
 
  private:
   /// Throws Error(InvalidUsage) naming what is wrong with an attached segment's header.
-  static void validate(const Segment& seg, int self, int owner, size_t expectBytes, const Nonce& commId);
+  static void validate(const Segment& seg, int self, int owner, const Nonce& commId);
 
   void* base_ = nullptr;
   size_t bytes_ = 0;

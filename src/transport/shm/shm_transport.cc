@@ -4,8 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -87,40 +86,74 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::connect(TransportContext&
   }
 }
 
-std::vector<std::optional<std::string>> ShmTransport::awaitFromPeers(TransportContext& ctx,
-                                                                     const std::vector<std::string>& keys,
-                                                                     const std::vector<int>& peers) {
-  std::vector<std::optional<std::string>> out(keys.size());
-  std::vector<size_t> left(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) left[i] = i;
+void ShmTransport::attachAll(TransportContext& ctx, const std::vector<int>& peers,
+                             const std::function<int(int owner, int writer)>& slotIn) {
+  const int rank = ctx.rank;
+  std::vector<int> toAttach = peers, toHear = peers;  // whose segment we lack; who lacks ours
+  // Only a peer that gave up says so through the store: looked at now and then, less often the
+  // longer the wait, so that a node of waiting ranks does not load the store's host.
+  auto look = std::chrono::milliseconds(5);
+  auto nextLook = std::chrono::steady_clock::now() + look;
+  auto nap = std::chrono::microseconds(100);
   for (;;) {
-    // A key other than the peer's endpoint is asked for with the endpoint, which says whether the
-    // peer gave up.
-    std::vector<std::string> ask;
-    for (size_t i : left) {
-      const std::string endpoint = "shm/" + std::to_string(peers[i]);
-      ask.push_back(keys[i]);
-      if (keys[i] != endpoint) ask.push_back(endpoint);
-    }
-    auto got = ctx.store->tryGetMany(ask);
-    std::vector<size_t> still;
-    size_t j = 0;
-    for (size_t i : left) {
-      const bool withEndpoint = keys[i] != "shm/" + std::to_string(peers[i]);
-      const auto& v = got[j++];
-      const auto* endpoint = withEndpoint ? &got[j++] : nullptr;
-      if (v) {
-        out[i] = std::string(v->begin(), v->end());
+    bool progress = false;
+    std::vector<int> still;
+    for (int p : toAttach) {
+      Segment seg;
+      bool ready = false;
+      try {
+        ready = Segment::tryAttach(Segment::nameFor(ctx.commId, p), rank, p, ctx.commId, &seg);
+      } catch (const Error&) {
+        peerGaveUp(ctx, p);  // its segment went because it failed: say why it did
+        throw;
+      }
+      if (!ready) {
+        still.push_back(p);
         continue;
       }
-      if (endpoint != nullptr && *endpoint &&
-          std::string(endpoint->value().begin(), endpoint->value().end()).rfind(kGaveUp, 0) == 0)
-        peerGaveUp(ctx, peers[i]);
-      still.push_back(i);
+      seg.markAttached(slotIn(p, rank));
+      theirs_[p] = std::move(seg);
+      progress = true;
     }
-    left.swap(still);
-    if (left.empty() || ctx.deadline.expired()) return out;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    toAttach.swap(still);
+    still.clear();
+    for (int p : toHear)
+      if (!mine_.attachedBy(slotIn(rank, p))) still.push_back(p);
+    progress = progress || still.size() < toHear.size();
+    toHear.swap(still);
+    if (toAttach.empty() && toHear.empty()) return;
+
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= nextLook || ctx.deadline.expired()) {
+      std::vector<std::string> keys;
+      std::vector<int> whose;
+      for (const auto* list : {&toAttach, &toHear})
+        for (int p : *list) {
+          keys.push_back("shm/" + std::to_string(p));
+          whose.push_back(p);
+        }
+      const auto said = ctx.store->tryGetMany(keys);
+      for (size_t i = 0; i < said.size(); ++i)
+        if (said[i] && std::string(said[i]->begin(), said[i]->end()).rfind(kGaveUp, 0) == 0) peerGaveUp(ctx, whose[i]);
+      look = std::min<std::chrono::milliseconds>(look * 2, std::chrono::milliseconds(100));
+      nextLook = now + look;
+    }
+    if (ctx.deadline.expired()) {
+      if (!toAttach.empty()) {
+        const int p = toAttach.front();
+        LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
+                        strFormat("rank %d did not create its shared-memory segment /dev/shm%s within %.0f s", p,
+                                  Segment::nameFor(ctx.commId, p).c_str(), ctx.deadline.totalSeconds()));
+      }
+      const int p = toHear.front();
+      LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
+                      strFormat("rank %d did not attach shared-memory segment /dev/shm%s within %.0f s", p,
+                                mine_.name().c_str(), ctx.deadline.totalSeconds()));
+    }
+    // Short naps while peers keep arriving, longer ones while none does.
+    nap = progress ? std::chrono::microseconds(100)
+                   : std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(4));
+    std::this_thread::sleep_for(nap);
   }
 }
 
@@ -137,18 +170,24 @@ void ShmTransport::peerGaveUp(TransportContext& ctx, int peer) {
 std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& ctx, const std::vector<int>& peers) {
   std::vector<std::unique_ptr<Connection>> out;
   const int rank = ctx.rank;
-  Store& store = *ctx.store;
   // Every rank of the node gets a slot in every other's segment: slot = index among the node's
   // ranks leaving out the segment's owner.
-  std::vector<int> local;
+  std::vector<int> local, localIndex(static_cast<size_t>(ctx.size), -1);
   for (int r = 0; r < ctx.size; ++r)
-    if (reaches(ctx, r)) local.push_back(r);
-  auto slotIn = [&](int owner, int writer) {
-    int idx = static_cast<int>(std::find(local.begin(), local.end(), writer) - local.begin());
-    int ownerIdx = static_cast<int>(std::find(local.begin(), local.end(), owner) - local.begin());
+    if (reaches(ctx, r)) {
+      localIndex[static_cast<size_t>(r)] = static_cast<int>(local.size());
+      local.push_back(r);
+    }
+  auto slotIn = [&localIndex](int owner, int writer) {
+    const int idx = localIndex[static_cast<size_t>(writer)], ownerIdx = localIndex[static_cast<size_t>(owner)];
     return idx > ownerIdx ? idx - 1 : idx;
   };
   const int slots = static_cast<int>(local.size()) - 1;
+  if (slots > kMaxSlots) {
+    LOOM_THROW(ErrorCode::InvalidArgument, rank,
+               strFormat("%d ranks on one node: shared memory links at most %d (LOOM_TRANSPORT=^shm avoids it)",
+                         slots + 1, kMaxSlots + 1));
+  }
   int64_t ringParam = ringBytesParam();
   if (ringParam < 4096 || ringParam > (int64_t{1} << 40)) {
     LOOM_THROW(ErrorCode::InvalidArgument, rank,
@@ -180,76 +219,18 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
                    header->closed.store(1);
                    pthread_mutex_unlock(&header->alive);
                  });
-  store.setString("shm/" + std::to_string(rank),
-                  strFormat("%s %zu %d %" PRIu64, name.c_str(), mine_.bytes(), static_cast<int>(getpid()),
-                            static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&mine_.header()->cookie))));
 
-  // 2. Attach the peers' segments and tell each owner how it went.
-  std::map<int, std::pair<int, uint64_t>> pidCookie;  // peer -> (pid, cookie address)
-  std::vector<std::string> endpointKeys, ackKeys;
-  for (int p : peers) {
-    endpointKeys.push_back("shm/" + std::to_string(p));
-    ackKeys.push_back("shm-att/" + std::to_string(rank) + "/" + std::to_string(p));
-  }
-  const auto endpoints = awaitFromPeers(ctx, endpointKeys, peers);
-  std::vector<std::pair<std::string, Bytes>> attached;
-  for (size_t k = 0; k < peers.size(); ++k) {
-    const int p = peers[k];
-    const auto& v = endpoints[k];
-    if (!v) {
-      LOOM_THROW_PEER(
-          ErrorCode::Timeout, rank, p,
-          strFormat("rank %d did not publish its shared-memory segment within %.0f s", p, ctx.deadline.totalSeconds()));
-    }
-    const std::string& text = *v;
-    if (text.rfind(kGaveUp, 0) == 0) peerGaveUp(ctx, p);
-    char peerName[256] = {0};
-    size_t bytes = 0;
-    int pid = 0;
-    uint64_t cookieAddr = 0;
-    if (std::sscanf(text.c_str(), "%255s %zu %d %" SCNu64, peerName, &bytes, &pid, &cookieAddr) != 4) {
-      LOOM_THROW_PEER(ErrorCode::Remote, rank, p,
-                      strFormat("rank %d published a malformed shared-memory endpoint \"%s\"", p, text.c_str()));
-    }
-    const std::string ack = "shm-att/" + std::to_string(p) + "/" + std::to_string(rank);
-    try {
-      theirs_[p] = Segment::attach(peerName, rank, p, bytes, ctx.commId);
-    } catch (const Error& e) {
-      store.setMany(attached);
-      peerGaveUp(ctx, p);  // its segment went because it failed: say why it did
-      store.setString(ack, e.what());
-      throw;
-    }
-    attached.emplace_back(ack, Bytes{'o', 'k'});
-    pidCookie[p] = {pid, cookieAddr};
-  }
-  store.setMany(attached);  // every answer in one request
-
-  // 3. Once every peer has attached ours, unlink it.
-  const auto acks = awaitFromPeers(ctx, ackKeys, peers);
-  for (size_t k = 0; k < peers.size(); ++k) {
-    const int p = peers[k];
-    const auto& v = acks[k];
-    if (!v) {
-      LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
-                      strFormat("rank %d did not attach shared-memory segment /dev/shm%s within %.0f s", p,
-                                name.c_str(), ctx.deadline.totalSeconds()));
-    }
-    const std::string& answer = *v;
-    if (answer != "ok") {
-      LOOM_THROW_PEER(ErrorCode::Remote, rank, p,
-                      strFormat("rank %d could not attach this rank's shared-memory segment /dev/shm%s: %s", p,
-                                name.c_str(), answer.c_str()));
-    }
-  }
+  // 2. Attach the peers' segments as they become ready, and wait for every peer to have attached
+  // ours; then unlink it.
+  attachAll(ctx, peers, slotIn);
   mine_.unlink();
 
   // 4. Connections, with cross-memory attach where the probe passes.
   const bool cmaWanted = cmaParam() != 0;
   for (int p : peers) {
     Segment& theirs = theirs_[p];
-    const auto [pid, cookieAddr] = pidCookie[p];
-    const bool cma = cmaWanted && cmaProbe(pid, cookieAddr, theirs.header()->cookie);
+    const int pid = theirs.header()->pid;
+    const bool cma = cmaWanted && cmaProbe(pid, theirs.header()->cookieAddr, theirs.header()->cookie);
     ShmOptions opt;
     opt.eagerBytes = static_cast<size_t>(std::max<int64_t>(0, eagerBytesParam()));
     opt.cma = cma;

@@ -3,16 +3,16 @@
 //
 // Setup, all local ranks at once:
 //   1. each rank creates its segment /dev/shm/loom-<communicator id>-<rank> (segment.hpp), with one
-//      ring per local peer, starts its progress engine and publishes "name bytes pid
-//      cookie-address" under shm/<rank> in the store;
-//   2. each rank attaches every local peer's segment, checks it, and answers shm-att/<owner>/<rank>
-//      with "ok" or the reason it could not;
-//   3. once every peer said "ok", the owner unlinks its segment: from then on nothing is left in
+//      ring per local peer, and starts its progress engine; the name follows from the communicator
+//      and the rank, so nothing is published;
+//   2. each rank attaches every local peer's segment once its owner marked it ready, checks it,
+//      and sets its bit in the segment's attach map;
+//   3. once every peer's bit is set, the owner unlinks its segment: from then on nothing is left in
 //      /dev/shm whatever happens to the processes;
-//   4. each rank probes cross-memory attach towards every peer (reading the peer's cookie with
-//      process_vm_readv), and uses it for large messages where it works.
-// A rank whose setup fails replaces its endpoint with "error: <why>", so that its local peers
-// fail at once with that reason instead of at the deadline.
+//   4. each rank probes cross-memory attach towards every peer (reading the cookie whose address
+//      the peer's header holds, with process_vm_readv), and uses it for large messages where it works.
+// A rank whose setup fails sets shm/<rank> in the store to "error: <why>", so that its local peers
+// fail soon with that reason instead of at the deadline.
 //
 // Progress: the connections are sources of one progress engine (core/progress_engine.hpp) that
 // the link table makes for this rank's doorbell, the futex word in its segment that every writer
@@ -23,6 +23,7 @@
 // the peers still live.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,13 +58,12 @@ class ShmTransport : public Transport, public ArenaProvider {
 
  private:
   std::vector<std::unique_ptr<Connection>> setUp(TransportContext& ctx, const std::vector<int>& peers);
-  /// Waits for `key` (set by `peer`), failing at once if the peer gave up meanwhile.
-  /// The values of keys[i], each written by peers[i], read together (one store request per round
-  /// for every key still missing); throws naming a peer that gave up meanwhile (its endpoint says
-  /// so); nullopt for those still missing at ctx.deadline.
-  std::vector<std::optional<std::string>> awaitFromPeers(TransportContext& ctx, const std::vector<std::string>& keys,
-                                                         const std::vector<int>& peers);
-  /// Throws the peer's own setup error if it gave up (it replaced its endpoint with it).
+  /// Steps 2 and 3 of the setup for `peers`: attaches each one's segment into theirs_ as it
+  /// becomes ready and marks it, and returns once each one has marked ours. Throws naming a peer
+  /// that gave up meanwhile, whose segment is unusable, or that is missing at ctx.deadline.
+  void attachAll(TransportContext& ctx, const std::vector<int>& peers,
+                 const std::function<int(int owner, int writer)>& slotIn);
+  /// Throws the peer's own setup error if it gave up (it set shm/<peer> to it).
   void peerGaveUp(TransportContext& ctx, int peer);
 
   Segment mine_;
