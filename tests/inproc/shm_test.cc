@@ -130,6 +130,37 @@ TEST(Shm, SetUpAsksTheStoreAlmostNothing) {
   EXPECT_LE(shm, tcp + 12 * n) << "shm: " << shm << " requests, tcp: " << tcp << ", for " << n << " ranks";
 }
 
+// The liveness probe every rank runs on its peers' segments several times a second: alive while
+// the owner's thread holds the robust mutex (read without a write), died once that thread ends
+// holding it, closed once it let go after marking the segment closed.
+TEST(Shm, TheLivenessProbeTellsAliveDiedAndClosed) {
+  using loom::shm::PeerState;
+  loom::shm::Segment seg = loom::shm::Segment::create("/loom-test-probe-" + std::to_string(getpid()), 0, 1, 4096, 0,
+                                                      loom::randomNonce());
+  seg.unlink();
+  loom::shm::SegmentHeader* h = seg.header();
+  std::atomic<int> stage{0};
+  std::thread owner([&] {
+    pthread_mutex_lock(&h->alive);
+    stage = 1;
+    while (stage.load() != 2) std::this_thread::yield();
+  });  // ends holding the mutex, as a killed process would
+  while (stage.load() != 1) std::this_thread::yield();
+  EXPECT_EQ(loom::shm::probeOwner(h), PeerState::Alive);
+  EXPECT_EQ(loom::shm::probeOwner(h), PeerState::Alive);
+  stage = 2;
+  owner.join();
+  EXPECT_EQ(loom::shm::probeOwner(h), PeerState::Died);
+  std::thread closing([&] {
+    pthread_mutex_lock(&h->alive);
+    EXPECT_EQ(loom::shm::probeOwner(h), PeerState::Alive);  // the holder itself asks: still held
+    h->closed.store(1);
+    pthread_mutex_unlock(&h->alive);
+  });
+  closing.join();
+  EXPECT_EQ(loom::shm::probeOwner(h), PeerState::Closed);
+}
+
 TEST(Shm, MixedNodesUseSharedMemoryWithinAndTcpAcross) {
   loomtest::TransportSetup links("mixed");  // even ranks on one "node", odd ranks on another
   loomtest::runOk(5, [&](loom::Communicator& c) {

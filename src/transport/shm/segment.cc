@@ -1,6 +1,7 @@
 #include "transport/shm/segment.hpp"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -197,9 +198,10 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
   pthread_mutex_init(&h->alive, &attr);
   pthread_mutexattr_destroy(&attr);
   if (segmentTestHooks().afterCreate) segmentTestHooks().afterCreate(h);
-  h->ready.store(1, std::memory_order_release);
   return seg;
 }
+
+void Segment::markReady() { header()->ready.store(1, std::memory_order_release); }
 
 bool Segment::tryAttach(const std::string& name, int self, int owner, const Nonce& commId, Segment* out) {
   const std::string path = "/dev/shm" + name;
@@ -330,6 +332,14 @@ std::string recordedFailure(const SegmentHeader* seg) {
 }
 
 PeerState probeOwner(SegmentHeader* seg) noexcept {
+#if defined(__GLIBC__)
+  // glibc keeps a robust mutex's holder's thread id in its futex word, and the kernel replaces it
+  // with FUTEX_OWNER_DIED when that thread dies. Reading it answers "alive" without the trylock's
+  // compare-and-swap, which takes the line for writing: every rank of a node probes every peer's
+  // mutex several times a second.
+  const auto word = static_cast<uint32_t>(__atomic_load_n(&seg->alive.__data.__lock, __ATOMIC_ACQUIRE));
+  if ((word & FUTEX_TID_MASK) != 0 && (word & FUTEX_OWNER_DIED) == 0) return PeerState::Alive;
+#endif
   int rc = pthread_mutex_trylock(&seg->alive);
   if (rc == EBUSY) return PeerState::Alive;
   if (rc == EOWNERDEAD) {

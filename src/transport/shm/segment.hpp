@@ -55,7 +55,8 @@ struct SegmentHeader {
   uint8_t commId[16];
   uint64_t cookie;      ///< random; peers read it with process_vm_readv to test cross-memory attach
   uint64_t cookieAddr;  ///< the cookie's address in the owner's process, for that probe
-  /// Set (release) once everything above is written: a peer that finds the name before then waits.
+  /// Set (release) once the header is written and `alive` held: a peer that finds the name before
+  /// then waits.
   std::atomic<uint32_t> ready;
   /// Bit `slot` set by the peer writing into ring `slot` once it has attached the segment.
   alignas(kCacheLine) std::atomic<uint64_t> attached[kMaxSlots / 64];
@@ -113,10 +114,13 @@ class Segment {
   static size_t sizeFor(int slots, size_t ringBytes, size_t directBytes);
 
   /// Creates, sizes (fallocate: a full /dev/shm fails here, not later with SIGBUS) and maps the
-  /// segment, and initialises its header, ready last. Throws Error(System) naming the segment:
+  /// segment, and initialises its header, not yet ready. Throws Error(System) naming the segment:
   /// EEXIST (another job or a killed one left the same name), ENOSPC, EACCES.
   static Segment create(const std::string& name, int owner, int slots, size_t ringBytes, size_t directBytes,
                         const Nonce& commId);
+  /// Lets peers attach the segment: its owner calls it once its progress thread holds `alive`,
+  /// so that a peer's liveness probe never finds the mutex free before the owner took it.
+  void markReady();
   /// Attaches `owner`'s segment `name` into *out once the owner has made it ready: false while it
   /// is not there or not ready yet (ask again). Throws Error naming the segment and the peer where
   /// it cannot be opened or mapped, or is not what `owner` of `commId` creates (magic, version,

@@ -202,7 +202,7 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
     ringBytes = std::min(ringBytes, std::max<size_t>(fair, 16 << 10));
   }
 
-  // 1. Our segment, our progress thread, our announcement.
+  // 1. Our segment and our progress thread (which holds its liveness mutex); then it is ready.
   const std::string name = Segment::nameFor(ctx.commId, rank);
   const int64_t directParam = directBytesParam();
   if (directParam < 0 || directParam > (int64_t{1} << 40)) {
@@ -219,6 +219,7 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
                    header->closed.store(1);
                    pthread_mutex_unlock(&header->alive);
                  });
+  mine_.markReady();
 
   // 2. Attach the peers' segments as they become ready, and wait for every peer to have attached
   // ours; then unlink it.
