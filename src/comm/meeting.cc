@@ -94,6 +94,12 @@ std::vector<Bytes> StoreMeeting::swap(const Bytes& mine, const std::string& fail
   };
   std::vector<int> absent;
   const std::optional<Bytes> packed = arrive("joined", "record/", joinBy, &absent, gather);
+  if (!packed && absent.empty()) {
+    LOOM_THROW(ErrorCode::Timeout, rank_,
+               strFormat("all %d ranks joined communicator \"%s\" at %s, but the last one in did not hand out "
+                         "their records within %.0f s: it failed or died while reading them (its own error says why)",
+                         size_, name_.c_str(), endpoint_.c_str(), deadline.totalSeconds()));
+  }
   if (!packed) {
     LOOM_THROW(ErrorCode::Timeout, rank_,
                strFormat("only %d of %d ranks joined communicator \"%s\" at %s within %.0f s; missing rank(s) %s. "
@@ -121,6 +127,12 @@ void StoreMeeting::done(const std::string& failed, const Deadline& deadline) {
   store_.setString("ready/" + std::to_string(rank_), "1");
   std::vector<int> absent;
   if (!arrive("ready", "ready/", deadline, &absent)) {
+    if (absent.empty()) {
+      LOOM_THROW(ErrorCode::Timeout, rank_,
+                 strFormat("every rank set up its links, but the last one to finish did not say so within %.0f s: it "
+                           "failed or died just then",
+                           deadline.totalSeconds()));
+    }
     LOOM_THROW(ErrorCode::Timeout, rank_,
                strFormat("rank(s) %s did not finish connecting within %.0f s", rankList(absent).c_str(),
                          deadline.totalSeconds()));

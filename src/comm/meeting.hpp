@@ -64,7 +64,8 @@ class StoreMeeting : public Meeting {
  private:
   /// Counts this rank in at `counter` and waits for all: the last one in sets counter/all to
   /// `announce()` ("1" without it) and returns that; the others return what it set. Empty on the
-  /// deadline, with the ranks whose `marker` key is not set in *missing.
+  /// deadline, with the ranks whose `marker` key is not set in *missing (none where every rank
+  /// came but the last one in did not set counter/all: it failed or died in between).
   std::optional<Bytes> arrive(const std::string& counter, const std::string& marker, const Deadline& deadline,
                               std::vector<int>* missing, const std::function<Bytes()>& announce = nullptr);
 
