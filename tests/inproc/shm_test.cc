@@ -135,8 +135,8 @@ TEST(Shm, SetUpAsksTheStoreAlmostNothing) {
 // holding it, closed once it let go after marking the segment closed.
 TEST(Shm, TheLivenessProbeTellsAliveDiedAndClosed) {
   using loom::shm::PeerState;
-  loom::shm::Segment seg = loom::shm::Segment::create("/loom-test-probe-" + std::to_string(getpid()), 0, 1, 4096, 0,
-                                                      loom::randomNonce());
+  loom::shm::Segment seg =
+      loom::shm::Segment::create("/loom-test-probe-" + std::to_string(getpid()), 0, 1, 4096, 0, loom::randomNonce());
   seg.unlink();
   loom::shm::SegmentHeader* h = seg.header();
   std::atomic<int> stage{0};
@@ -159,6 +159,38 @@ TEST(Shm, TheLivenessProbeTellsAliveDiedAndClosed) {
   });
   closing.join();
   EXPECT_EQ(loom::shm::probeOwner(h), PeerState::Closed);
+}
+
+// Attaching a peer's segment: absent or not yet ready, ask again; one of another layout version
+// (a peer running another Loom) is named at once, though it never says ready where this one looks.
+TEST(Shm, AttachWaitsForAReadySegmentAndNamesAnotherVersionAtOnce) {
+  const std::string name = "/loom-test-attach-" + std::to_string(getpid());
+  const loom::Nonce id = loom::randomNonce();
+  loom::shm::Segment seg;
+  EXPECT_FALSE(loom::shm::Segment::tryAttach(name, 0, 1, id, &seg));  // not there yet
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  void* p = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  auto* h = static_cast<loom::shm::SegmentHeader*>(p);
+  h->magic = loom::shm::kSegmentMagic;  // being written: no version yet
+  EXPECT_FALSE(loom::shm::Segment::tryAttach(name, 0, 1, id, &seg));
+  h->version = loom::shm::kSegmentVersion - 1;
+  std::string error;
+  try {
+    loom::shm::Segment::tryAttach(name, 0, 1, id, &seg);
+  } catch (const loom::Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("rank 1's shared-memory segment /dev/shm" + name + " is unusable: its layout version is " +
+                       std::to_string(loom::shm::kSegmentVersion - 1)),
+            std::string::npos)
+      << error;
+  munmap(p, 1 << 20);
+  shm_unlink(name.c_str());
+  EXPECT_FALSE(seg.valid());
 }
 
 TEST(Shm, MixedNodesUseSharedMemoryWithinAndTcpAcross) {

@@ -246,6 +246,10 @@ bool Segment::tryAttach(const std::string& name, int self, int owner, const Nonc
   const auto* h = seg.header();
   if (h->ready.load(std::memory_order_acquire) == 0) {
     close(fd);
+    // A segment of another layout version never says ready where this one looks: its magic and
+    // version, once both written, say so at once (a version of 0 is one still being written).
+    if (h->magic == kSegmentMagic && h->version != 0 && h->version != kSegmentVersion)
+      validate(seg, self, owner, commId);
     return false;  // unmapped by ~Segment
   }
   // A size that disagrees with the header: a segment still growing (the size was read before the
