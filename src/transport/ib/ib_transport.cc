@@ -372,6 +372,10 @@ void IbTransport::formOnDemand(int peer, std::vector<Socket> sockets, double too
       lazy_.sink->linkFailed(peer, why);
     }
   };
+  if (lazy_.lastWordOf)
+    steps.lastWord = [lastWordOf = lazy_.lastWordOf, peer](std::chrono::milliseconds wait) {
+      return lastWordOf(peer, wait);
+    };
   exchanges_.push_back(std::make_unique<LinkExchange>(lazy_.rank, peer, std::move(conn), mine, std::move(sockets.at(0)),
                                                       lazy_.engine, lazy_.timeout, std::move(steps)));
 }

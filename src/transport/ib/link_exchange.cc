@@ -18,6 +18,9 @@ namespace {
 constexpr const char* kUp = "up";
 // Addresses are a few dozen bytes a queue pair; anything longer is not a peer's.
 constexpr uint32_t kMaxMessage = 1u << 16;
+// How long a broken side channel waits for the peer's last word (the store has it before the peer
+// closes its links; this covers the store's round trip).
+constexpr std::chrono::milliseconds kLastWordWait(250);
 
 }  // namespace
 
@@ -26,6 +29,9 @@ class LinkExchange::Timer : public PollHandler {
   explicit Timer(LinkExchange* owner)
       : owner_(owner), fd_(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) {}
   void onPollEvents(uint32_t) noexcept override {
+    const Steps& steps = owner_->steps_;
+    const std::string word = steps.lastWord ? steps.lastWord(std::chrono::milliseconds(0)) : std::string();
+    if (!word.empty()) return owner_->fail(strFormat("rank %d left the communicator: %s", owner_->peer_, word.c_str()));
     owner_->fail(
         strFormat("rank %d did not bring up its end of the ib link within %.0f s (LOOM_INIT_TIMEOUT sets the "
                   "wait): did it stop, or die?",
@@ -114,9 +120,13 @@ void LinkExchange::read() noexcept {
     }
     in_.resize(had);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    const std::string how = n == 0 ? std::string() : errnoText(errno);
+    // A peer whose communicator failed, or was aborted, said why in the store before it closed.
+    const std::string word = steps_.lastWord ? steps_.lastWord(kLastWordWait) : std::string();
+    if (!word.empty()) return fail(strFormat("rank %d left the communicator: %s", peer_, word.c_str()));
     return fail(n == 0 ? std::string("it closed the link's side channel while setting the link up (did it die, or "
                                      "destroy its communicator?)")
-                       : "its side channel failed: " + errnoText(errno));
+                       : "its side channel failed: " + how);
   }
 }
 

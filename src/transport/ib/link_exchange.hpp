@@ -35,6 +35,9 @@ class LinkExchange : public PollHandler {
     /// The link could not be made: why, naming the peer; `conn` (failed) where connect() had
     /// readied it for the link table, which then owns it, else null.
     std::function<void(const Status& why, std::unique_ptr<IbConnection> conn)> failed;
+    /// The peer's last word in the store, waiting at most `wait` for it (empty where it left none;
+    /// may be unset): a peer whose communicator failed or was aborted left it before it closed.
+    std::function<std::string(std::chrono::milliseconds wait)> lastWord;
   };
 
   /// Starts the exchange on `side` (proved for `peer`), registered with `engine`: sends `mine`,
