@@ -63,10 +63,15 @@ LinkExchange::LinkExchange(int rank, int peer, std::unique_ptr<IbConnection> con
   spec.it_value.tv_sec = static_cast<time_t>(timeout_.count() / 1000);
   spec.it_value.tv_nsec = static_cast<long>((timeout_.count() % 1000) * 1000000 + 1);
   timerfd_settime(timer_->fd(), 0, &spec, nullptr);
+  // Sent before the engine watches the socket (what the peer answers meanwhile waits there), so
+  // that nothing here touches the exchange once the engine may run it.
+  if (!sendMessage(mine)) {
+    peerGone("sending its queue pairs' addresses: " + errnoText(errno));
+    return;
+  }
+  watching_ = true;
   engine_->add(timer_->fd(), timer_.get(), EPOLLIN);
   engine_->add(side_.fd(), this, EPOLLIN | EPOLLRDHUP);
-  watching_ = true;
-  if (!sendMessage(mine)) fail("sending its queue pairs' addresses: " + errnoText(errno));
 }
 
 LinkExchange::~LinkExchange() { stopWatching(); }
@@ -107,7 +112,8 @@ void LinkExchange::read() noexcept {
       try {
         onMessage(body);
       } catch (...) {
-        return fail(statusFromCurrentException().message);
+        // Bringing the queue pairs up to a peer that is going can fail too: its word says why.
+        return peerGone(statusFromCurrentException().message);
       }
       continue;
     }
@@ -120,21 +126,24 @@ void LinkExchange::read() noexcept {
     }
     in_.resize(had);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    const std::string how = n == 0 ? std::string() : errnoText(errno);
-    // A peer whose communicator failed, or was aborted, said why in the store before it closed.
-    const std::string word = steps_.lastWord ? steps_.lastWord(kLastWordWait) : std::string();
-    if (!word.empty()) return fail(strFormat("rank %d left the communicator: %s", peer_, word.c_str()));
-    return fail(n == 0 ? std::string("it closed the link's side channel while setting the link up (did it die, or "
-                                     "destroy its communicator?)")
-                       : "its side channel failed: " + how);
+    return peerGone(n == 0 ? std::string("it closed the link's side channel while setting the link up (did it die, "
+                                         "or destroy its communicator?)")
+                           : "its side channel failed: " + errnoText(errno));
   }
+}
+
+void LinkExchange::peerGone(const std::string& how) noexcept {
+  // A peer whose communicator failed, or was aborted, said why in the store before it closed.
+  const std::string word = steps_.lastWord ? steps_.lastWord(kLastWordWait) : std::string();
+  if (!word.empty()) return fail(strFormat("rank %d left the communicator: %s", peer_, word.c_str()));
+  fail(how);
 }
 
 void LinkExchange::onMessage(const std::string& body) {
   if (state_ == State::Addresses) {
     steps_.connect(*conn_, body);
     readied_ = true;
-    if (!sendMessage(kUp)) LOOM_THROW(ErrorCode::Remote, rank_, "saying its queue pairs are up: " + errnoText(errno));
+    if (!sendMessage(kUp)) return peerGone("saying its queue pairs are up: " + errnoText(errno));
     state_ = State::Up;
     return;
   }

@@ -41,7 +41,7 @@ class LinkExchange : public PollHandler {
   };
 
   /// Starts the exchange on `side` (proved for `peer`), registered with `engine`: sends `mine`,
-  /// the addresses of `conn`. Engine thread.
+  /// the addresses of `conn`. Engine thread (or another: the engine gets the exchange last).
   LinkExchange(int rank, int peer, std::unique_ptr<IbConnection> conn, std::string mine, Socket side,
                ProgressEngine* engine, std::chrono::milliseconds timeout, Steps steps);
   /// After the engine stopped (or once the exchange is over).
@@ -58,6 +58,8 @@ class LinkExchange : public PollHandler {
   void read() noexcept;
   void onMessage(const std::string& body);
   void fail(const std::string& why) noexcept;
+  /// The side channel broke (`how`): fails with the peer's last word where it left one.
+  void peerGone(const std::string& how) noexcept;
   /// Takes the socket and the timer off the engine.
   void stopWatching() noexcept;
   bool sendMessage(const std::string& body);
