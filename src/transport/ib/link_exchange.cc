@@ -18,10 +18,6 @@ namespace {
 constexpr const char* kUp = "up";
 // Addresses are a few dozen bytes a queue pair; anything longer is not a peer's.
 constexpr uint32_t kMaxMessage = 1u << 16;
-// How long a broken side channel waits for the peer's last word (the store has it before the peer
-// closes its links; this covers the store's round trip).
-constexpr std::chrono::milliseconds kLastWordWait(250);
-
 }  // namespace
 
 class LinkExchange::Timer : public PollHandler {
@@ -29,13 +25,11 @@ class LinkExchange::Timer : public PollHandler {
   explicit Timer(LinkExchange* owner)
       : owner_(owner), fd_(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) {}
   void onPollEvents(uint32_t) noexcept override {
-    const Steps& steps = owner_->steps_;
-    const std::string word = steps.lastWord ? steps.lastWord(std::chrono::milliseconds(0)) : std::string();
-    if (!word.empty()) return owner_->fail(strFormat("rank %d left the communicator: %s", owner_->peer_, word.c_str()));
-    owner_->fail(
+    owner_->peerGone(
         strFormat("rank %d did not bring up its end of the ib link within %.0f s (LOOM_INIT_TIMEOUT sets the "
                   "wait): did it stop, or die?",
-                  owner_->peer_, static_cast<double>(owner_->timeout_.count()) / 1000.0));
+                  owner_->peer_, static_cast<double>(owner_->timeout_.count()) / 1000.0),
+        std::chrono::milliseconds(0));
   }
   int fd() const { return fd_.fd(); }
 
@@ -132,9 +126,9 @@ void LinkExchange::read() noexcept {
   }
 }
 
-void LinkExchange::peerGone(const std::string& how) noexcept {
+void LinkExchange::peerGone(const std::string& how, std::chrono::milliseconds wait) noexcept {
   // A peer whose communicator failed, or was aborted, said why in the store before it closed.
-  const std::string word = steps_.lastWord ? steps_.lastWord(kLastWordWait) : std::string();
+  const std::string word = steps_.lastWord ? steps_.lastWord(wait) : std::string();
   if (!word.empty()) return fail(strFormat("rank %d left the communicator: %s", peer_, word.c_str()));
   fail(how);
 }

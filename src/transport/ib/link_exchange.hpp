@@ -58,8 +58,10 @@ class LinkExchange : public PollHandler {
   void read() noexcept;
   void onMessage(const std::string& body);
   void fail(const std::string& why) noexcept;
-  /// The side channel broke (`how`): fails with the peer's last word where it left one.
-  void peerGone(const std::string& how) noexcept;
+  /// The side channel broke or the peer went quiet (`how`): fails with the peer's last word where
+  /// it left one, waiting at most `wait` for it (the store has it before the peer closes its
+  /// links; the default covers the store's round trip).
+  void peerGone(const std::string& how, std::chrono::milliseconds wait = std::chrono::milliseconds(250)) noexcept;
   /// Takes the socket and the timer off the engine.
   void stopWatching() noexcept;
   bool sendMessage(const std::string& body);
