@@ -28,6 +28,22 @@ inline constexpr loom::DataType kAllTypes[] = {
     loom::DataType::Int64,   loom::DataType::Uint64,  loom::DataType::Float16, loom::DataType::Float32,
     loom::DataType::Float64, loom::DataType::Bfloat16};
 
+/// A one-shot meeting point for ranks that are threads: each arrive() returns once all n have
+/// arrived. Tests meet here before any rank touches a link, so that what a rank holds is not
+/// changed by a peer that went ahead.
+class Meet {
+ public:
+  explicit Meet(int n) : n_(n) {}
+  void arrive() {
+    arrived_.fetch_add(1);
+    while (arrived_.load() < n_) std::this_thread::yield();
+  }
+
+ private:
+  const int n_;
+  std::atomic<int> arrived_{0};
+};
+
 /// Per-rank option changes runRanks applies (e.g. a host identity per rank, to make "nodes" of
 /// threads); set it for a scope with PerRankOptions.
 inline std::function<void(int rank, loom::Options&)>& perRankOptions() {

@@ -26,21 +26,6 @@ namespace {
 
 using loom::DataType;
 
-// The ranks are threads: they meet here before any of them touches a link, so that what a rank
-// holds after init is not changed by a peer that went ahead.
-class Meet {
- public:
-  explicit Meet(int n) : n_(n) {}
-  void arrive() {
-    arrived_.fetch_add(1);
-    while (arrived_.load() < n_) std::this_thread::yield();
-  }
-
- private:
-  const int n_;
-  std::atomic<int> arrived_{0};
-};
-
 int log2Ceil(int n) {
   int k = 0;
   while ((1 << k) < n) ++k;
@@ -51,7 +36,7 @@ void nothingIsLinkedAtInitAndAnAllReduceLinksFewPeers(const std::string& mode) {
   loomtest::TransportSetup links(mode);
   for (int n : {2, 5, 16}) {
     SCOPED_TRACE(n);
-    Meet meet(n), counted(n);
+    loomtest::Meet meet(n), counted(n);
     loomtest::runOk(n, [n, &mode, &meet, &counted](loom::Communicator& c) {
       EXPECT_EQ(c.linkCount(), 0);
       EXPECT_NE(c.describeLink((c.rank() + 1) % n).find("not linked"), std::string::npos)
@@ -234,7 +219,7 @@ TEST(OnDemand, AutoLinksSmallJobsAtInitLargerOnFirstUse) {
   loomtest::EnvGuard automatic("LOOM_CONNECT", "auto");
   for (int n : {8, 9}) {
     SCOPED_TRACE(n);
-    Meet meet(n);
+    loomtest::Meet meet(n);
     loomtest::runOk(n, [n, &meet](loom::Communicator& c) {
       EXPECT_EQ(c.linkCount(), n <= 8 ? n - 1 : 0);
       meet.arrive();  // before a peer's all-reduce links this rank
@@ -249,7 +234,7 @@ TEST(OnDemand, AutoLinksSmallJobsAtInitLargerOnFirstUse) {
 TEST(OnDemand, AcrossNodesOnlyTheNetworkLinksWait) {
   loomtest::TransportSetup mixed("mixed");      // even and odd ranks on two nodes
   loomtest::EnvGuard noTune("LOOM_TUNE", "0");  // (else init measures a link to a partner)
-  Meet meet(6);
+  loomtest::Meet meet(6);
   loomtest::runOk(6, [&meet](loom::Communicator& c) {
     EXPECT_EQ(c.linkCount(), 2);  // the two others of its node
     meet.arrive();

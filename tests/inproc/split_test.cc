@@ -158,12 +158,16 @@ TEST(Split, LinksOnFirstUseSpareTheParentACollective) {
   loomtest::TransportSetup links("tcp");
   for (const char* connect : {"lazy", "eager"}) {
     loomtest::EnvGuard mode("LOOM_CONNECT", connect);
+    loomtest::Meet counted(5);
     loomtest::runOk(5, [&](loom::Communicator& c) {
       const int64_t before = nextSeq(c);
       loom::Communicator part = c.split(c.rank() == 4 ? loom::kSplitNoColor : c.rank() % 2, 0);
       EXPECT_EQ(nextSeq(c) - before - 1, std::string(connect) == "lazy" ? 2 : 3) << "LOOM_CONNECT=" << connect;
       if (part.valid()) {
         EXPECT_EQ(part.linkCount(), std::string(connect) == "lazy" ? 0 : 1);
+      }
+      counted.arrive();  // before a peer's first all-reduce links this rank
+      if (part.valid()) {
         int32_t x = c.rank();
         part.allReduce(&x, &x, 1, DataType::Int32, ReduceOp::Sum);
         EXPECT_EQ(x, c.rank() % 2 == 0 ? 2 : 4);
