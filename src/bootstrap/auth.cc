@@ -1,30 +1,33 @@
 #include "bootstrap/auth.hpp"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <sys/random.h>
 
+#include <cerrno>
 #include <cstring>
-#include <vector>
 
+#include "bootstrap/sha256.hpp"
+#include "core/format.hpp"
 #include "core/status.hpp"
 
 namespace loom {
 
 JobKey deriveJobKey(const std::string& seed) {
-  JobKey key{};
-  unsigned int len = 0;
-  std::string labelled = "loom-job-key-v1:" + seed;
-  if (EVP_Digest(labelled.data(), labelled.size(), key.data(), &len, EVP_sha256(), nullptr) != 1 || len != key.size()) {
-    LOOM_THROW(ErrorCode::Internal, -1, "SHA-256 failed");
-  }
-  return key;
+  const std::string labelled = "loom-job-key-v1:" + seed;
+  return sha256(labelled.data(), labelled.size());
 }
 
 void randomBytes(void* out, size_t n) {
-  if (RAND_bytes(static_cast<unsigned char*>(out), static_cast<int>(n)) != 1) {
-    LOOM_THROW(ErrorCode::System, -1, "no random bytes available (OpenSSL RAND_bytes failed)");
+  // The kernel's generator: it blocks only until it is seeded at boot, and reads of up to 256 bytes
+  // are not cut short by signals.
+  auto* p = static_cast<uint8_t*>(out);
+  while (n > 0) {
+    const ssize_t got = getrandom(p, n, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      LOOM_THROW(ErrorCode::System, -1, "no random bytes available: getrandom: " + errnoText(errno));
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
   }
 }
 
@@ -36,24 +39,15 @@ Nonce randomNonce() {
 
 Mac computeMac(const JobKey& key, const char* label, const Nonce& a, const Nonce& b, const void* extra,
                size_t extraLen) {
-  std::vector<uint8_t> msg;
-  size_t labelLen = std::strlen(label);
-  msg.reserve(labelLen + a.size() + b.size() + extraLen);
-  msg.insert(msg.end(), label, label + labelLen);
-  msg.insert(msg.end(), a.begin(), a.end());
-  msg.insert(msg.end(), b.begin(), b.end());
-  if (extraLen > 0)
-    msg.insert(msg.end(), static_cast<const uint8_t*>(extra), static_cast<const uint8_t*>(extra) + extraLen);
-  Mac mac{};
-  unsigned int len = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), msg.data(), msg.size(), mac.data(), &len) ==
-          nullptr ||
-      len != mac.size()) {
-    LOOM_THROW(ErrorCode::Internal, -1, "HMAC-SHA256 failed");
-  }
-  return mac;
+  const MacPart parts[] = {{label, std::strlen(label)}, {a.data(), a.size()}, {b.data(), b.size()}, {extra, extraLen}};
+  return hmacSha256(key.data(), key.size(), parts, extraLen > 0 ? 4 : 3);
 }
 
-bool macEqual(const Mac& x, const uint8_t* y) { return CRYPTO_memcmp(x.data(), y, x.size()) == 0; }
+bool macEqual(const Mac& x, const uint8_t* y) {
+  // Constant time: every byte is looked at, whatever the first difference.
+  uint8_t diff = 0;
+  for (size_t i = 0; i < x.size(); ++i) diff = static_cast<uint8_t>(diff | (x[i] ^ y[i]));
+  return diff == 0;
+}
 
 }  // namespace loom

@@ -3,7 +3,7 @@
 // Both sides of every connection (rendezvous store and peer links) exchange 16-byte random nonces
 // and each proves knowledge of the 32-byte job key with HMAC-SHA256 over a role label and both
 // nonces, so that the key itself never crosses the wire and a recorded exchange cannot be
-// replayed. Uses OpenSSL's libcrypto.
+// replayed. SHA-256 and HMAC: bootstrap/sha256.hpp; random bytes: the kernel (getrandom).
 #pragma once
 
 #include <array>
