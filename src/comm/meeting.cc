@@ -149,7 +149,8 @@ bool JoinStore::learn(const Bytes& record) {
   std::vector<std::pair<std::string, Bytes>> pairs;
   std::string why;
   if (!storewire::decodePairs(record, &pairs, &why)) return false;
-  for (auto& [k, v] : pairs) known_[k] = std::move(v);
+  if (known_.empty()) known_.reserve(pairs.size() * expected_);
+  for (auto& [k, v] : pairs) known_.insert_or_assign(std::move(k), std::move(v));
   return true;
 }
 
@@ -205,6 +206,7 @@ std::optional<Bytes> JoinStore::tryGetBounded(const std::string& key, std::chron
 
 /// Decodes the swapped records into `store`; a rank whose record says it failed is named.
 void learnRecords(JoinStore& store, const std::vector<Bytes>& records, int rank) {
+  store.expectRecords(records.size());
   for (size_t r = 0; r < records.size(); ++r) {
     const std::string text = textOf(records[r]);
     if (text.rfind(kFailed, 0) == 0) {

@@ -15,10 +15,10 @@
 #pragma once
 
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -86,6 +86,8 @@ class JoinStore : public Store {
   Bytes takeRecord();
   /// Adds a rank's record to what reads find first. False when it does not decode.
   bool learn(const Bytes& record);
+  /// How many records learn() will be given (room is made for their keys at the first).
+  void expectRecords(size_t count) { expected_ = count; }
 
   void set(const std::string& key, const Bytes& value) override;
   void setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) override;
@@ -102,7 +104,10 @@ class JoinStore : public Store {
   std::shared_ptr<Store> base_;
   bool recording_ = false;
   std::vector<std::pair<std::string, Bytes>> kept_;
-  std::map<std::string, Bytes> known_;  // the records swapped: read-only once the join goes on
+  // The records swapped (every rank's few keys: N of each kind), read-only once the join goes on.
+  // Hashed: each rank looks up a few keys per peer, and N ranks do so at once on a node.
+  std::unordered_map<std::string, Bytes> known_;
+  size_t expected_ = 1;
 };
 
 }  // namespace detail
