@@ -195,7 +195,7 @@ class CommImpl : public Progressable, public coll::CommView {
   void join(const Options& options, int sockets, const Deadline& deadline, const std::string& origin, Meeting& meeting);
   void failEverything(const Status& status);
   /// Reads every rank's host identity from the records swapped and groups the ranks by node.
-  void mapNodes(Store& store, const Deadline& deadline);
+  void mapNodes(const JoinStore& store);
 
   const int rank_;
   const int size_;

@@ -8,6 +8,7 @@
 #include <exception>
 #include <limits>
 #include <map>
+#include <string_view>
 #include <thread>
 
 #include "bootstrap/auth.hpp"
@@ -56,13 +57,13 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
     why = e.what();
   }
   joinStore_->record(false);
-  const std::vector<Bytes> records = meeting.swap(joinStore_->takeRecord(), why, deadline, linksAtInit);
+  std::vector<Bytes> records = meeting.swap(joinStore_->takeRecord(), why, deadline, linksAtInit);
   try {
     if (failed) std::rethrow_exception(failed);
-    learnRecords(*joinStore_, records, rank);
+    learnRecords(*joinStore_, std::move(records), rank);
 
     // Which ranks share a node: equal host identities, numbered in order of their lowest rank.
-    mapNodes(store, deadline);
+    mapNodes(*joinStore_);
     progress::noteRanksOnThisMachine(ranksOnThisMachine_);
 
     // Link every peer with the first transport that reaches it (shared memory within a node, then
@@ -102,26 +103,25 @@ void CommImpl::join(const Options& options, int sockets, const Deadline& deadlin
   }
 }
 
-void CommImpl::mapNodes(Store& store, const Deadline& deadline) {
-  // In the records swapped: no store request.
-  std::vector<std::string> names;
-  for (int r = 0; r < size_; ++r) names.push_back("host/" + std::to_string(r));
-  for (int r = 0; r < size_; ++r) names.push_back("machine/" + std::to_string(r));
-  std::vector<Bytes> values;
-  std::vector<std::string> absent;
-  if (!store.getAll(names, deadline, &values, &absent))
-    LOOM_THROW(ErrorCode::Timeout, rank_, strFormat("%s did not arrive in time", absent.front().c_str()));
-  std::vector<std::string> keys(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r)
-    keys[static_cast<size_t>(r)].assign(values[static_cast<size_t>(r)].begin(), values[static_cast<size_t>(r)].end());
+void CommImpl::mapNodes(const JoinStore& store) {
+  // In the records swapped, read in place: no store request, no copy.
+  const auto n = static_cast<size_t>(size_);
+  std::vector<std::string_view> keys(n), machines(n);
+  std::string name;
+  for (size_t r = 0; r < n; ++r) {
+    for (const char* kind : {"host/", "machine/"}) {
+      name.assign(kind).append(std::to_string(r));
+      if (!store.findLearned(name, kind[0] == 'h' ? &keys[r] : &machines[r]))
+        LOOM_THROW_PEER(ErrorCode::Remote, rank_, static_cast<int>(r),
+                        strFormat("rank %zu's record has no %s key (mixed Loom versions?)", r, name.c_str()));
+    }
+  }
   // Ranks that share this machine's CPUs (same boot id), whatever node they count as: they decide
   // whether waiters may spin or must yield their core (request.hpp).
   const std::string myMachine = localHostIdentity().bootId;
   ranksOnThisMachine_ = 0;
-  for (int r = 0; r < size_; ++r) {
-    const Bytes& v = values[static_cast<size_t>(size_ + r)];
-    if (std::string(v.begin(), v.end()) == myMachine) ++ranksOnThisMachine_;
-  }
+  for (size_t r = 0; r < n; ++r)
+    if (machines[r] == myMachine) ++ranksOnThisMachine_;
   nodes_.nodeOf.assign(static_cast<size_t>(size_), -1);
   nodes_.ranks.clear();
   for (int r = 0; r < size_; ++r) {

@@ -145,13 +145,58 @@ Bytes JoinStore::takeRecord() {
   return out;
 }
 
-bool JoinStore::learn(const Bytes& record) {
-  std::vector<std::pair<std::string, Bytes>> pairs;
-  std::string why;
-  if (!storewire::decodePairs(record, &pairs, &why)) return false;
-  if (known_.empty()) known_.reserve(pairs.size() * expected_);
-  for (auto& [k, v] : pairs) known_.insert_or_assign(std::move(k), std::move(v));
+namespace {
+// Walks an encoded list of pairs (storewire::encodePairs) in place: false when it does not decode.
+template <typename Visit>
+bool walkPairs(const Bytes& b, Visit&& visit) {
+  if (b.size() < 4) return false;
+  const uint32_t count = storewire::getU32(b.data());
+  size_t at = 4;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (b.size() - at < 4) return false;
+    const uint32_t klen = storewire::getU32(b.data() + at);
+    if (klen == 0 || b.size() - at - 4 < static_cast<size_t>(klen) + 4) return false;
+    const std::string_view key(reinterpret_cast<const char*>(b.data() + at + 4), klen);
+    at += 4 + klen;
+    const uint32_t vlen = storewire::getU32(b.data() + at);
+    if (b.size() - at - 4 < vlen) return false;
+    visit(key, std::string_view(reinterpret_cast<const char*>(b.data() + at + 4), vlen));
+    at += 4 + vlen;
+  }
+  return at == b.size();
+}
+}  // namespace
+
+bool JoinStore::learn(std::vector<Bytes> records, size_t* bad) {
+  // Every record is checked whole (and its pairs counted) before any key is learned.
+  size_t pairs = known_.size();
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (!walkPairs(records[i], [&](std::string_view, std::string_view) { ++pairs; })) {
+      *bad = i;
+      return false;
+    }
+  }
+  known_.reserve(pairs);
+  records_.reserve(records_.size() + records.size());
+  for (Bytes& r : records) {
+    // Moved, a record keeps its bytes where they are: the views stay valid.
+    records_.push_back(std::move(r));
+    walkPairs(records_.back(), [&](std::string_view k, std::string_view v) { known_.insert_or_assign(k, v); });
+  }
   return true;
+}
+
+bool JoinStore::findLearned(std::string_view key, std::string_view* value) const {
+  const auto it = known_.find(key);
+  if (it == known_.end()) return false;
+  *value = it->second;
+  return true;
+}
+
+std::optional<Bytes> JoinStore::known(const std::string& key) const {
+  const auto it = known_.find(key);
+  if (it == known_.end()) return std::nullopt;
+  return Bytes(it->second.begin(), it->second.end());
 }
 
 void JoinStore::set(const std::string& key, const Bytes& value) {
@@ -171,7 +216,7 @@ void JoinStore::setMany(const std::vector<std::pair<std::string, Bytes>>& pairs)
 }
 
 std::optional<Bytes> JoinStore::tryGet(const std::string& key) {
-  if (auto it = known_.find(key); it != known_.end()) return it->second;
+  if (auto v = known(key)) return v;
   return base_->tryGet(key);
 }
 
@@ -180,8 +225,8 @@ std::vector<std::optional<Bytes>> JoinStore::tryGetMany(const std::vector<std::s
   std::vector<std::string> ask;
   std::vector<size_t> where;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (auto it = known_.find(keys[i]); it != known_.end()) {
-      out[i] = it->second;
+    if (auto v = known(keys[i])) {
+      out[i] = std::move(v);
     } else {
       ask.push_back(keys[i]);
       where.push_back(i);
@@ -195,28 +240,30 @@ std::vector<std::optional<Bytes>> JoinStore::tryGetMany(const std::vector<std::s
 }
 
 std::optional<Bytes> JoinStore::get(const std::string& key, const Deadline& deadline) {
-  if (auto it = known_.find(key); it != known_.end()) return it->second;
+  if (auto v = known(key)) return v;
   return base_->get(key, deadline);
 }
 
 std::optional<Bytes> JoinStore::tryGetBounded(const std::string& key, std::chrono::milliseconds limit) {
-  if (auto it = known_.find(key); it != known_.end()) return it->second;
+  if (auto v = known(key)) return v;
   return base_->tryGetBounded(key, limit);
 }
 
 /// Decodes the swapped records into `store`; a rank whose record says it failed is named.
-void learnRecords(JoinStore& store, const std::vector<Bytes>& records, int rank) {
-  store.expectRecords(records.size());
+void learnRecords(JoinStore& store, std::vector<Bytes> records, int rank) {
+  const size_t failedLength = std::strlen(kFailed);
   for (size_t r = 0; r < records.size(); ++r) {
-    const std::string text = textOf(records[r]);
-    if (text.rfind(kFailed, 0) == 0) {
+    const Bytes& b = records[r];
+    if (b.size() >= failedLength && std::memcmp(b.data(), kFailed, failedLength) == 0) {
+      const std::string text = textOf(b);
       LOOM_THROW_PEER(ErrorCode::Remote, rank, static_cast<int>(r),
-                      strFormat("rank %zu could not join: %s", r, text.substr(std::strlen(kFailed)).c_str()));
+                      strFormat("rank %zu could not join: %s", r, text.substr(failedLength).c_str()));
     }
-    if (!store.learn(records[r])) {
-      LOOM_THROW_PEER(ErrorCode::Remote, rank, static_cast<int>(r),
-                      strFormat("rank %zu sent a record this rank cannot read (mixed Loom versions?)", r));
-    }
+  }
+  size_t bad = 0;
+  if (!store.learn(std::move(records), &bad)) {
+    LOOM_THROW_PEER(ErrorCode::Remote, rank, static_cast<int>(bad),
+                    strFormat("rank %zu sent a record this rank cannot read (mixed Loom versions?)", bad));
   }
 }
 

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -48,9 +49,9 @@ class Meeting {
 std::string failedMark(const std::string& why);
 
 class JoinStore;
-/// Adds the swapped records to `store`'s reads; throws naming a rank whose record says it failed
-/// or does not decode.
-void learnRecords(JoinStore& store, const std::vector<Bytes>& records, int rank);
+/// Adds the swapped records (taken over) to `store`'s reads; throws naming a rank whose record
+/// says it failed or does not decode.
+void learnRecords(JoinStore& store, std::vector<Bytes> records, int rank);
 
 /// Meets through the communicator's store. `hosting`: this rank hosts the store, and waits a
 /// little longer, so that the others can still ask it who is missing when their deadline passes.
@@ -84,10 +85,13 @@ class JoinStore : public Store {
   void record(bool on) { recording_ = on; }
   /// The record kept (encoded) and forgets it.
   Bytes takeRecord();
-  /// Adds a rank's record to what reads find first. False when it does not decode.
-  bool learn(const Bytes& record);
-  /// How many records learn() will be given (room is made for their keys at the first).
-  void expectRecords(size_t count) { expected_ = count; }
+  /// Adds the records to what reads find first (a later record's key replaces an earlier one's).
+  /// False, with the index of the first that does not decode in *bad, when one does not: then
+  /// none is learned.
+  bool learn(std::vector<Bytes> records, size_t* bad);
+  /// A learned value, read in place (valid while this store lives); false when `key` was not
+  /// learned. The node map reads two keys of every rank: no copies.
+  bool findLearned(std::string_view key, std::string_view* value) const;
 
   void set(const std::string& key, const Bytes& value) override;
   void setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) override;
@@ -104,10 +108,14 @@ class JoinStore : public Store {
   std::shared_ptr<Store> base_;
   bool recording_ = false;
   std::vector<std::pair<std::string, Bytes>> kept_;
-  // The records swapped (every rank's few keys: N of each kind), read-only once the join goes on.
-  // Hashed: each rank looks up a few keys per peer, and N ranks do so at once on a node.
-  std::unordered_map<std::string, Bytes> known_;
-  size_t expected_ = 1;
+  // The records swapped, as received (every rank's few keys: N of each kind), and their keys and
+  // values as views into them: learning N records allocates no key or value of its own. Hashed:
+  // each rank looks up a few keys per peer, and N ranks do so at once on a node. Read-only once
+  // the join goes on.
+  std::vector<Bytes> records_;
+  std::unordered_map<std::string_view, std::string_view> known_;
+  /// The learned value of `key` as Bytes, or nullopt.
+  std::optional<Bytes> known(const std::string& key) const;
 };
 
 }  // namespace detail

@@ -148,12 +148,13 @@ void LinkTable::connect(TransportContext& ctx) {
     } else {
       conns = transports_[t]->connect(ctx, peersOf[t]);
     }
+    const LinkProperties props = transports_[t]->properties();  // settings read once, not per peer
     for (size_t i = 0; i < peersOf[t].size(); ++i) {
       const auto p = static_cast<size_t>(peersOf[t][i]);
       conns_[p] = std::move(conns[i]);
       names_[p] = transports_[t]->name();
       transportTo_[p] = transports_[t].get();
-      props_[p] = transports_[t]->properties();
+      props_[p] = props;
       props_[p].deviceBuffers = conns_[p]->takesDeviceBuffers();
     }
   }

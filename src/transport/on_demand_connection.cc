@@ -116,7 +116,7 @@ bool OnDemandConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, 
 }
 
 void OnDemandConnection::failAll(const Status& status) noexcept {
-  std::deque<Kept> kept;
+  std::list<Kept> kept;
   Connection* c = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -8,7 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,7 +64,7 @@ class OnDemandConnection : public Connection {
   Transport* const transport_;
   AnySource* hub_ = nullptr;
   mutable std::mutex mu_;
-  std::deque<Kept> kept_;                    // guarded by mu_
+  std::list<Kept> kept_;                     // guarded by mu_ (a list: nothing allocated while empty)
   bool asked_ = false;                       // linkTo called; guarded by mu_
   bool stopped_ = false;                     // quiesce called: nothing more goes to the link; guarded by mu_
   std::thread::id posting_;                  // the thread handing a kept operation to the link; guarded by mu_

@@ -1,16 +1,20 @@
 // The store meeting's errors where the store says who is missing: ranks that never came are
 // named, and where every rank came but the last one in never handed out what the others wait
-// for, the error says that instead of naming no one.
+// for, the error says that instead of naming no one. The join store: the records swapped answer
+// reads without the store, and a record that says its rank failed, or does not decode, is named.
 #include "comm/meeting.hpp"
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "bootstrap/store_protocol.hpp"
 #include "core/status.hpp"
 
 namespace {
@@ -101,6 +105,79 @@ TEST(Meeting, RanksThatNeverCameAreNamed) {
   }
   EXPECT_NE(error.find("only 1 of 4 ranks joined communicator \"test\" at memory"), std::string::npos) << error;
   EXPECT_NE(error.find("missing rank(s) 1-3."), std::string::npos) << error;
+}
+
+// A record as a rank's transports leave it: its keys, each ending in its rank.
+Bytes recordOf(int rank, const std::string& host) {
+  const std::string r = std::to_string(rank);
+  return loom::storewire::encodePairs({{"host/" + r, Bytes(host.begin(), host.end())},
+                                       {"tcp/" + r, Bytes{static_cast<uint8_t>(rank), 7}},
+                                       {"empty/" + r, Bytes{}}});
+}
+
+Bytes text(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+TEST(JoinStore, LearnedRecordsAnswerReadsWithoutTheStore) {
+  auto base = std::make_shared<LosingStore>();
+  base->set("elsewhere", text("from the store"));
+  loom::detail::JoinStore store(base);
+  std::vector<Bytes> records;
+  for (int r = 0; r < 300; ++r) records.push_back(recordOf(r, r < 150 ? "node-a" : "node-b"));
+  loom::detail::learnRecords(store, records, 0);
+  for (int r = 0; r < 300; ++r) {
+    const std::string k = std::to_string(r);
+    std::string_view host;
+    ASSERT_TRUE(store.findLearned("host/" + k, &host)) << r;
+    EXPECT_EQ(host, r < 150 ? "node-a" : "node-b");
+    EXPECT_EQ(store.tryGet("tcp/" + k), (Bytes{static_cast<uint8_t>(r), 7}));
+    EXPECT_EQ(store.get("tcp/" + k, loom::Deadline(std::chrono::milliseconds(1))), (Bytes{static_cast<uint8_t>(r), 7}));
+    EXPECT_EQ(store.tryGet("empty/" + k), Bytes{});  // set, and empty: not absent
+  }
+  // Keys no record holds go to the store; several at once keep their order.
+  const auto many = store.tryGetMany({"tcp/5", "elsewhere", "tcp/299", "nowhere"});
+  ASSERT_EQ(many.size(), 4u);
+  EXPECT_EQ(many[0], (Bytes{5, 7}));
+  EXPECT_EQ(many[1], text("from the store"));
+  EXPECT_EQ(many[2], (Bytes{43, 7}));
+  EXPECT_FALSE(many[3].has_value());
+  std::string_view none;
+  EXPECT_FALSE(store.findLearned("elsewhere", &none));
+  // Records learned later replace the keys they share with earlier ones.
+  loom::detail::learnRecords(store, {recordOf(5, "node-c")}, 0);
+  std::string_view host;
+  ASSERT_TRUE(store.findLearned("host/5", &host));
+  EXPECT_EQ(host, "node-c");
+  ASSERT_TRUE(store.findLearned("host/6", &host));
+  EXPECT_EQ(host, "node-a");
+}
+
+TEST(JoinStore, ARecordThatSaysItsRankFailedOrDoesNotDecodeIsNamed) {
+  auto message = [](std::vector<Bytes> records, int* peer) {
+    loom::detail::JoinStore store(std::make_shared<LosingStore>());
+    try {
+      loom::detail::learnRecords(store, std::move(records), 0);
+    } catch (const loom::Error& e) {
+      *peer = e.peer();
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  int peer = -1;
+  const std::string mark = loom::detail::failedMark("no interface for its side channels");
+  std::string e = message({recordOf(0, "a"), recordOf(1, "a"), Bytes(mark.begin(), mark.end())}, &peer);
+  EXPECT_NE(e.find("rank 2 could not join: no interface for its side channels"), std::string::npos) << e;
+  EXPECT_EQ(peer, 2);
+  // Cut short, or a count of pairs it does not hold: named, and nothing of it read.
+  Bytes cut = recordOf(1, "a");
+  cut.resize(cut.size() - 3);
+  e = message({recordOf(0, "a"), cut, recordOf(2, "a")}, &peer);
+  EXPECT_NE(e.find("rank 1 sent a record this rank cannot read"), std::string::npos) << e;
+  EXPECT_EQ(peer, 1);
+  Bytes huge = recordOf(0, "a");
+  huge[0] = huge[1] = huge[2] = huge[3] = 0xff;
+  e = message({huge}, &peer);
+  EXPECT_NE(e.find("rank 0 sent a record this rank cannot read"), std::string::npos) << e;
+  EXPECT_EQ(peer, 0);
 }
 
 }  // namespace

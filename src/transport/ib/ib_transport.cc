@@ -334,7 +334,8 @@ void IbTransport::linkOnDemand(TransportContext& ctx, const std::vector<int>& pe
   TransportContext one = ctx;
   one.socketsPerPeer = 1;  // the side channel; the queue pairs carry the data
   onDemand_ = std::make_unique<tcp::OnDemandLinks>(
-      one, side_.interfaces(), side_.listeners(), SideChannels::endpoints(ctx.rank, records), sink,
+      one, side_.interfaces(), side_.listeners(),
+      std::make_shared<const std::map<int, tcp::Endpoints>>(SideChannels::endpoints(ctx.rank, records)), sink,
       [this](int peer, std::vector<Socket> sockets, double tookMs) { formOnDemand(peer, std::move(sockets), tookMs); },
       "ib side-channel port");
 }

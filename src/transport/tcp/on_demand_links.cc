@@ -83,8 +83,9 @@ class OnDemandLinks::Timer : public PollHandler {
 };
 
 OnDemandLinks::OnDemandLinks(const TransportContext& ctx, const std::vector<Interface>& ifaces,
-                             const std::vector<Socket>& listeners, std::map<int, Endpoints> remote, LinkSink* sink,
-                             Former form, std::string port)
+                             const std::vector<Socket>& listeners,
+                             std::shared_ptr<const std::map<int, Endpoints>> remote, LinkSink* sink, Former form,
+                             std::string port)
     : ctx_(ctx),
       ifaces_(ifaces),
       remote_(std::move(remote)),
@@ -113,7 +114,7 @@ OnDemandLinks::~OnDemandLinks() {
 void OnDemandLinks::linkTo(int peer) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (remote_.count(peer) == 0) return;
+    if (remote_->count(peer) == 0) return;
     Link& l = linkOf(peer);
     if (l.state != Link::Idle) return;
     l.state = Link::Dialing;
@@ -186,7 +187,7 @@ void OnDemandLinks::tick() noexcept {
 
 void OnDemandLinks::dialDue(int peer, Link& link) {
   const auto now = Clock::now();
-  const Endpoints& eps = remote_.at(peer);
+  const Endpoints& eps = remote_->at(peer);
   for (int k = 0; k < sockets_; ++k) {
     const auto i = static_cast<size_t>(k);
     if (link.socks[i].valid() || link.dialing[i] || now < link.retryAt[i]) continue;
@@ -322,7 +323,7 @@ void OnDemandLinks::onConnectorHello(Pending& p) {
   const int from = static_cast<int>(ids.from);
   const std::string unexpected =
       strFormat("unexpected link (from %u to %u, socket %u of %u)", ids.from, ids.to, ids.index, ids.count);
-  if (ids.to != static_cast<uint32_t>(ctx_.rank) || remote_.count(from) == 0 ||
+  if (ids.to != static_cast<uint32_t>(ctx_.rank) || remote_->count(from) == 0 ||
       ids.count != static_cast<uint32_t>(sockets_) || ids.index >= static_cast<uint32_t>(sockets_))
     return drop(p, unexpected, true);
   p.peer = from;

@@ -40,7 +40,7 @@ class OnDemandLinks {
   /// `listeners` (this rank's, on `ifaces`), from now on: `form` makes each link of its sockets;
   /// `sink` hears of links that fail. `port` names the listeners in warnings ("peer port").
   OnDemandLinks(const TransportContext& ctx, const std::vector<Interface>& ifaces, const std::vector<Socket>& listeners,
-                std::map<int, Endpoints> remote, LinkSink* sink, Former form, std::string port);
+                std::shared_ptr<const std::map<int, Endpoints>> remote, LinkSink* sink, Former form, std::string port);
   /// After the engine stopped.
   ~OnDemandLinks();
   OnDemandLinks(const OnDemandLinks&) = delete;
@@ -79,7 +79,8 @@ class OnDemandLinks {
 
   const TransportContext ctx_;  // a copy: the caller's is gone after init
   const std::vector<Interface>& ifaces_;
-  const std::map<int, Endpoints> remote_;
+  // Shared with the transport's former (which names the link by them): not copied per holder.
+  const std::shared_ptr<const std::map<int, Endpoints>> remote_;
   LinkSink* const sink_;
   const Former form_;
   const std::string port_;

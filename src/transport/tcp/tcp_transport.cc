@@ -203,7 +203,7 @@ std::map<int, Endpoints> publishedEndpoints(const TransportContext& ctx, const s
 void TcpTransport::linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) {
   engine_ = ctx.engine;
   const int sockets = ctx.socketsPerPeer;
-  std::map<int, Endpoints> remote = publishedEndpoints(ctx, peers);
+  auto remote = std::make_shared<const std::map<int, Endpoints>>(publishedEndpoints(ctx, peers));
   const TcpOptions options = optionsFromSettings();
   // Each link's sockets become its connection; the context's fields are copied (it is gone after init).
   OnDemandLinks::Former form = [this, rank = ctx.rank, sockets, remote, options, engine = ctx.engine,
@@ -211,14 +211,13 @@ void TcpTransport::linkOnDemand(TransportContext& ctx, const std::vector<int>& p
                                 sink](int peer, std::vector<Socket> socks, double tookMs) {
     auto conn =
         std::make_unique<TcpConnection>(rank, peer, std::move(socks), engine, sendEngine, failure, options,
-                                        describeLink(rank, peer, sockets, ifaces_, remote.at(peer)), lastWordOf);
+                                        describeLink(rank, peer, sockets, ifaces_, remote->at(peer)), lastWordOf);
     sink->adopt(peer, *conn);
     conn->start();
     LOOM_INFO("%s (linked on first use, in %.1f ms)", conn->describe().c_str(), tookMs);
     sink->linked(peer, std::move(conn));
   };
-  onDemand_ =
-      std::make_unique<OnDemandLinks>(ctx, ifaces_, listeners_, std::move(remote), sink, std::move(form), "peer port");
+  onDemand_ = std::make_unique<OnDemandLinks>(ctx, ifaces_, listeners_, remote, sink, std::move(form), "peer port");
 }
 
 void TcpTransport::linkTo(int peer) noexcept {
