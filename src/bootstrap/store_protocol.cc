@@ -119,43 +119,11 @@ Bytes encodePairs(const std::vector<std::pair<std::string, Bytes>>& pairs) {
 }
 
 bool decodePairs(const Bytes& value, std::vector<std::pair<std::string, Bytes>>* pairs, std::string* why) {
-  if (value.size() < 4) {
-    *why = "a list of pairs without its count";
-    return false;
-  }
-  const uint32_t count = getU32(value.data());
-  if (count > kMaxKeysPerRequest) {
-    *why = "a list of " + std::to_string(count) + " pairs";
-    return false;
-  }
   pairs->clear();
-  size_t at = 4;
-  for (uint32_t i = 0; i < count; ++i) {
-    if (value.size() - at < 4) {
-      *why = "a list of pairs cut short";
-      return false;
-    }
-    const uint32_t klen = getU32(value.data() + at);
-    if (klen == 0 || klen > kMaxKey || value.size() - at - 4 < static_cast<size_t>(klen) + 4) {
-      *why = "a listed key of length " + std::to_string(klen);
-      return false;
-    }
-    std::string key(reinterpret_cast<const char*>(value.data() + at + 4), klen);
-    at += 4 + klen;
-    const uint32_t vlen = getU32(value.data() + at);
-    if (value.size() - at - 4 < vlen) {
-      *why = "a listed value of length " + std::to_string(vlen);
-      return false;
-    }
-    pairs->emplace_back(std::move(key), Bytes(value.begin() + static_cast<std::ptrdiff_t>(at + 4),
-                                              value.begin() + static_cast<std::ptrdiff_t>(at + 4 + vlen)));
-    at += 4 + vlen;
-  }
-  if (at != value.size()) {
-    *why = "bytes after a list of pairs";
-    return false;
-  }
-  return true;
+  return walkPairs(
+      value,
+      [&](std::string_view k, std::string_view v) { pairs->emplace_back(std::string(k), Bytes(v.begin(), v.end())); },
+      why);
 }
 
 bool decodeValues(const Bytes& payload, size_t count, std::vector<std::optional<Bytes>>* values) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -64,12 +65,56 @@ Bytes encodeValues(const std::vector<std::optional<Bytes>>& values);
 /// SetMany's pairs.
 Bytes encodePairs(const std::vector<std::pair<std::string, Bytes>>& pairs);
 bool decodePairs(const Bytes& value, std::vector<std::pair<std::string, Bytes>>* pairs, std::string* why);
+/// Walks an encoded list of pairs in place: visit(key, value), string_views into `value`, for each
+/// pair in turn. False, with *why, where the list does not decode (the pairs before were visited).
+template <typename Visit>
+bool walkPairs(const Bytes& value, Visit&& visit, std::string* why);
 bool decodeValues(const Bytes& payload, size_t count, std::vector<std::optional<Bytes>>* values);
 
 void putU32(uint8_t* p, uint32_t v);
 uint32_t getU32(const uint8_t* p);
 void putI64(uint8_t* p, int64_t v);
 int64_t getI64(const uint8_t* p);
+
+template <typename Visit>
+bool walkPairs(const Bytes& value, Visit&& visit, std::string* why) {
+  if (value.size() < 4) {
+    *why = "a list of pairs without its count";
+    return false;
+  }
+  const uint32_t count = getU32(value.data());
+  if (count > kMaxKeysPerRequest) {
+    *why = "a list of " + std::to_string(count) + " pairs";
+    return false;
+  }
+  const auto* text = reinterpret_cast<const char*>(value.data());
+  size_t at = 4;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (value.size() - at < 4) {
+      *why = "a list of pairs cut short";
+      return false;
+    }
+    const uint32_t klen = getU32(value.data() + at);
+    if (klen == 0 || klen > kMaxKey || value.size() - at - 4 < static_cast<size_t>(klen) + 4) {
+      *why = "a listed key of length " + std::to_string(klen);
+      return false;
+    }
+    const std::string_view key(text + at + 4, klen);
+    at += 4 + klen;
+    const uint32_t vlen = getU32(value.data() + at);
+    if (value.size() - at - 4 < vlen) {
+      *why = "a listed value of length " + std::to_string(vlen);
+      return false;
+    }
+    visit(key, std::string_view(text + at + 4, vlen));
+    at += 4 + vlen;
+  }
+  if (at != value.size()) {
+    *why = "bytes after a list of pairs";
+    return false;
+  }
+  return true;
+}
 
 }  // namespace storewire
 }  // namespace loom

@@ -145,33 +145,12 @@ Bytes JoinStore::takeRecord() {
   return out;
 }
 
-namespace {
-// Walks an encoded list of pairs (storewire::encodePairs) in place: false when it does not decode.
-template <typename Visit>
-bool walkPairs(const Bytes& b, Visit&& visit) {
-  if (b.size() < 4) return false;
-  const uint32_t count = storewire::getU32(b.data());
-  size_t at = 4;
-  for (uint32_t i = 0; i < count; ++i) {
-    if (b.size() - at < 4) return false;
-    const uint32_t klen = storewire::getU32(b.data() + at);
-    if (klen == 0 || b.size() - at - 4 < static_cast<size_t>(klen) + 4) return false;
-    const std::string_view key(reinterpret_cast<const char*>(b.data() + at + 4), klen);
-    at += 4 + klen;
-    const uint32_t vlen = storewire::getU32(b.data() + at);
-    if (b.size() - at - 4 < vlen) return false;
-    visit(key, std::string_view(reinterpret_cast<const char*>(b.data() + at + 4), vlen));
-    at += 4 + vlen;
-  }
-  return at == b.size();
-}
-}  // namespace
-
-bool JoinStore::learn(std::vector<Bytes> records, size_t* bad) {
+bool JoinStore::learn(std::vector<Bytes> records, size_t* bad, std::string* why) {
   // Every record is checked whole (and its pairs counted) before any key is learned.
   size_t pairs = known_.size();
   for (size_t i = 0; i < records.size(); ++i) {
-    if (!walkPairs(records[i], [&](std::string_view, std::string_view) { ++pairs; })) {
+    if (!storewire::walkPairs(
+            records[i], [&](std::string_view, std::string_view) { ++pairs; }, why)) {
       *bad = i;
       return false;
     }
@@ -181,7 +160,8 @@ bool JoinStore::learn(std::vector<Bytes> records, size_t* bad) {
   for (Bytes& r : records) {
     // Moved, a record keeps its bytes where they are: the views stay valid.
     records_.push_back(std::move(r));
-    walkPairs(records_.back(), [&](std::string_view k, std::string_view v) { known_.insert_or_assign(k, v); });
+    storewire::walkPairs(
+        records_.back(), [&](std::string_view k, std::string_view v) { known_.insert_or_assign(k, v); }, why);
   }
   return true;
 }
@@ -194,9 +174,9 @@ bool JoinStore::findLearned(std::string_view key, std::string_view* value) const
 }
 
 std::optional<Bytes> JoinStore::known(const std::string& key) const {
-  const auto it = known_.find(key);
-  if (it == known_.end()) return std::nullopt;
-  return Bytes(it->second.begin(), it->second.end());
+  std::string_view v;
+  if (!findLearned(key, &v)) return std::nullopt;
+  return Bytes(v.begin(), v.end());
 }
 
 void JoinStore::set(const std::string& key, const Bytes& value) {
@@ -261,9 +241,11 @@ void learnRecords(JoinStore& store, std::vector<Bytes> records, int rank) {
     }
   }
   size_t bad = 0;
-  if (!store.learn(std::move(records), &bad)) {
-    LOOM_THROW_PEER(ErrorCode::Remote, rank, static_cast<int>(bad),
-                    strFormat("rank %zu sent a record this rank cannot read (mixed Loom versions?)", bad));
+  std::string why;
+  if (!store.learn(std::move(records), &bad, &why)) {
+    LOOM_THROW_PEER(
+        ErrorCode::Remote, rank, static_cast<int>(bad),
+        strFormat("rank %zu sent a record this rank cannot read (%s; mixed Loom versions?)", bad, why.c_str()));
   }
 }
 

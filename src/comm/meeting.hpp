@@ -86,9 +86,9 @@ class JoinStore : public Store {
   /// The record kept (encoded) and forgets it.
   Bytes takeRecord();
   /// Adds the records to what reads find first (a later record's key replaces an earlier one's).
-  /// False, with the index of the first that does not decode in *bad, when one does not: then
-  /// none is learned.
-  bool learn(std::vector<Bytes> records, size_t* bad);
+  /// False, with the index of the first that does not decode in *bad and what is wrong with it in
+  /// *why, when one does not: then none is learned.
+  bool learn(std::vector<Bytes> records, size_t* bad, std::string* why);
   /// A learned value, read in place (valid while this store lives); false when `key` was not
   /// learned. The node map reads two keys of every rank: no copies.
   bool findLearned(std::string_view key, std::string_view* value) const;

@@ -4,61 +4,104 @@
 #include <cstdint>
 #include <cstring>
 
+#include "collectives/context.hpp"
+#include "comm/comm_impl.hpp"
 #include "comm/flight_recorder.hpp"
 #include "core/format.hpp"
+#include "core/signature.hpp"
 #include "core/status.hpp"
 
 namespace loom {
 namespace detail {
 
+namespace {
+
+// Runs `body` as one collective of the parent `c`: every rank of the parent takes its sequence
+// number, in order with its other collectives, those of no new communicator too; the body's
+// messages stay among `members` (a Context restricted to them), so that the groups of a split
+// meet at once, apart, each in log2 of its own size rounds.
+template <typename Body>
+void inGroup(CommImpl& c, const std::vector<int>& members, uint64_t sig, Body&& body) {
+  c.run(
+      "split",
+      [&](int64_t seq) {
+        c.diagnostics().enterCall(seq, sig, "bruck");
+        if (members.empty()) return;  // kSplitNoColor: the sequence number only
+        coll::Context whole(c, seq, "split", "bruck", sig);
+        body(whole);
+      },
+      sig);
+}
+
+// An all-gather of `bytes` from each member, on `channel` of the call (members' order).
+void gather(const coll::Context& whole, const std::vector<int>& members, int channel, const void* send, void* recv,
+            size_t bytes) {
+  coll::Context group(whole, members, channel, 1);
+  coll::Args a;
+  a.send = send;
+  a.recv = recv;
+  a.count = bytes;
+  a.type = DataType::Uint8;
+  a.elem = 1;
+  coll::allGatherBruck(group, a);
+}
+
+}  // namespace
+
 std::vector<Bytes> SplitMeeting::swap(const Bytes& mine, const std::string& failed, const Deadline&, bool linksAtInit) {
   const std::string mark = failed.empty() ? std::string() : failedMark(failed);
   const Bytes& record = failed.empty() ? mine : Bytes(mark.begin(), mark.end());
-  const auto parentSize = static_cast<size_t>(parent_.size());
-  // One all-gather of slots of kSlot bytes, each a length, whether the rank links at init, and as
-  // much of the record as fits (a record is about two hundred bytes); a second, of the longest
-  // record, only where one did not fit.
+  const size_t n = members_.size();
+  // Slots of kSlot bytes, each a length, whether the rank links at init, and as much of the
+  // record as fits (a record is about two hundred bytes); a second round, on the next channel of
+  // the same call, of the group's longest record, only where one did not fit.
   constexpr size_t kLength = sizeof(uint32_t), kHead = kLength + 1, kSlot = 512;
   std::vector<uint8_t> slot(kSlot, 0);
   const auto length = static_cast<uint32_t>(record.size());
   std::memcpy(slot.data(), &length, kLength);
   slot[kLength] = linksAtInit ? 1 : 0;
   if (!record.empty()) std::memcpy(slot.data() + kHead, record.data(), std::min(record.size(), kSlot - kHead));
-  std::vector<uint8_t> all(kSlot * parentSize);
-  parent_.allGather(slot.data(), all.data(), kSlot, DataType::Uint8);
-  std::vector<uint32_t> lengths(parentSize);
-  anyLinksAtInit_ = false;
-  for (size_t r = 0; r < parentSize; ++r) {
-    std::memcpy(&lengths[r], all.data() + r * kSlot, kLength);
-    anyLinksAtInit_ = anyLinksAtInit_ || all[r * kSlot + kLength] != 0;
-  }
-  const size_t longest = *std::max_element(lengths.begin(), lengths.end());
+  std::vector<uint8_t> all(kSlot * n);
+  std::vector<uint32_t> lengths(n);
   size_t stride = kSlot, skip = kHead;
-  if (longest > kSlot - kHead) {
+  const uint64_t sig = makeSignature(SigKind::AllGather, DataType::Uint8, ReduceOp::Sum, 0, kSlot);
+  inGroup(*parent_.impl(), members_, sig, [&](const coll::Context& whole) {
+    gather(whole, members_, 0, slot.data(), all.data(), kSlot);
+    anyLinksAtInit_ = false;
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(&lengths[i], all.data() + i * kSlot, kLength);
+      anyLinksAtInit_ = anyLinksAtInit_ || all[i * kSlot + kLength] != 0;
+    }
+    const size_t longest = *std::max_element(lengths.begin(), lengths.end());
+    if (longest <= kSlot - kHead) return;
     std::vector<uint8_t> padded(longest, 0);
     if (!record.empty()) std::memcpy(padded.data(), record.data(), record.size());
-    all.assign(longest * parentSize, 0);
-    parent_.allGather(padded.data(), all.data(), longest, DataType::Uint8);
+    all.assign(longest * n, 0);
+    gather(whole, members_, 1, padded.data(), all.data(), longest);
     stride = longest;
     skip = 0;
-  }
+  });
   std::vector<Bytes> out;
-  for (int r : members_) {
-    const uint8_t* at = all.data() + static_cast<size_t>(r) * stride + skip;
-    out.emplace_back(at, at + lengths[static_cast<size_t>(r)]);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* at = all.data() + i * stride + skip;
+    out.emplace_back(at, at + lengths[i]);
   }
   return out;
 }
 
 void SplitMeeting::done(const std::string& failed, const Deadline&) {
-  if (!anyLinksAtInit_) return;  // the same on every rank of the parent: from the swap
+  // A group whose ranks all link on first use (its records say so, alike on each of them) asks
+  // nothing more; the call is still one collective of the parent on every rank.
   const int32_t ok = failed.empty() ? 1 : 0;
-  std::vector<int32_t> all(static_cast<size_t>(parent_.size()));
-  parent_.allGather(&ok, all.data(), 1, DataType::Int32);
+  std::vector<int32_t> all(members_.size(), 1);
+  const bool meet = anyLinksAtInit_;
+  const uint64_t sig = makeSignature(SigKind::AllGather, DataType::Int32, ReduceOp::Sum, 0, 1);
+  inGroup(*parent_.impl(), meet ? members_ : std::vector<int>(), sig,
+          [&](const coll::Context& whole) { gather(whole, members_, 0, &ok, all.data(), sizeof(ok)); });
   if (!failed.empty()) return;  // the caller throws its own error
   std::vector<int> bad, badHere;
   for (size_t i = 0; i < members_.size(); ++i) {
-    if (all[static_cast<size_t>(members_[i])] != 0) continue;
+    if (all[i] != 0) continue;
     bad.push_back(static_cast<int>(i));
     badHere.push_back(members_[i]);
   }

@@ -1,9 +1,10 @@
 // SplitMeeting: the ranks of a communicator split from another meet through the parent's links
-// (Communicator::split): an all-gather over the parent swaps the records, one more says who set up
-// its links where any rank links at init (the records say whether: where every link is made on first
-// use, a rank's set-up after the swap asks nothing of its peers, and a peer that failed it is
-// named by the first link to it). Every rank of the parent takes part, those that join no new
-// communicator too, so the parent's collectives stay in step whatever fails on the way.
+// (Communicator::split), each new group apart: an all-gather among its members swaps their records,
+// one more says who set up its links where a member links at init (the records say whether: where
+// every link is made on first use, a rank's set-up after the swap asks nothing of its peers, and a
+// peer that failed it is named by the first link to it). Each step is one collective of the parent
+// on every rank, those that join no new communicator too (they send nothing), so the parent's
+// collectives stay in step whatever fails on the way; no message leaves a group.
 #pragma once
 
 #include <string>

@@ -171,13 +171,18 @@ TEST(JoinStore, ARecordThatSaysItsRankFailedOrDoesNotDecodeIsNamed) {
   Bytes cut = recordOf(1, "a");
   cut.resize(cut.size() - 3);
   e = message({recordOf(0, "a"), cut, recordOf(2, "a")}, &peer);
-  EXPECT_NE(e.find("rank 1 sent a record this rank cannot read"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1 sent a record this rank cannot read (a listed key of length 7"), std::string::npos) << e;
   EXPECT_EQ(peer, 1);
   Bytes huge = recordOf(0, "a");
   huge[0] = huge[1] = huge[2] = huge[3] = 0xff;
   e = message({huge}, &peer);
-  EXPECT_NE(e.find("rank 0 sent a record this rank cannot read"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 0 sent a record this rank cannot read (a list of 4294967295 pairs"), std::string::npos) << e;
   EXPECT_EQ(peer, 0);
+  // A key longer than the store takes is refused as the store refuses it.
+  const Bytes longKey = loom::storewire::encodePairs({{std::string(5000, 'k'), Bytes{'1'}}});
+  e = message({recordOf(0, "a"), recordOf(1, "a"), recordOf(2, "a"), longKey}, &peer);
+  EXPECT_NE(e.find("rank 3 sent a record this rank cannot read (a listed key of length 5000"), std::string::npos) << e;
+  EXPECT_EQ(peer, 3);
 }
 
 }  // namespace
