@@ -6,7 +6,8 @@
 # build-fuzz/; seeds come from tests/fuzz/corpus/<target>, what the run finds goes to
 # build-fuzz/corpus/<target> (kept between runs). A crash, a leak, a
 # sanitizer report or a timeout fails the run and leaves the reproducer in build-fuzz/crashes/.
-#   tools/fuzz.sh [target...]        LOOM_FUZZ_SECONDS per target (default 30)
+#   tools/fuzz.sh [target...]        LOOM_FUZZ_SECONDS per target (default 30), LOOM_FUZZ_JOBS at once
+#                                    (default: one per core)
 # Run by `meson test` (suite "fuzz").
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -29,22 +30,40 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
 export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitizers/lsan.supp"
 mkdir -p "$dir/crashes"
-status=0
-for t in "${targets[@]}"; do
-  corpus="$dir/corpus/$t"
+# One target's run; its summary goes to $dir/$t.summary, its status is the function's.
+fuzz_one() {
+  local t="$1" corpus="$dir/corpus/$1" seeds="$ROOT/tests/fuzz/corpus/$1" log="$dir/$1.log"
   mkdir -p "$corpus"
-  seeds="$ROOT/tests/fuzz/corpus/$t"
-  log="$dir/$t.log"
   # -timeout: one input taking over 10 s is a hang; -rss_limit_mb bounds memory.
   if "$dir/tests/fuzz/${t}_fuzz" "$corpus" "$seeds" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$dir/crashes/$t-" >"$log" 2>&1; then
     execs=$(grep -m1 "stat::number_of_executed_units" "$log" | awk '{print $2}')
     cov=$(grep -E "^#[0-9]+[[:space:]]+(DONE|pulse|NEW|REDUCE|INITED)" "$log" | tail -1 | grep -oE "cov: [0-9]+ ft: [0-9]+" || true)
-    echo "fuzz $t: ok, ${execs:-?} inputs in ${seconds} s, $cov, corpus $(ls "$corpus" | wc -l) files"
+    echo "fuzz $t: ok, ${execs:-?} inputs in ${seconds} s, $cov, corpus $(ls "$corpus" | wc -l) files" >"$dir/$t.summary"
   else
-    status=1
-    echo "fuzz $t: FAILED (reproducer in $dir/crashes/, log $log):"
-    grep -E "ERROR: |runtime error:|==[0-9]+==|SUMMARY|Test unit written|ALARM|deadly signal" -A14 "$log" | head -60
+    {
+      echo "fuzz $t: FAILED (reproducer in $dir/crashes/, log $log):"
+      grep -E "ERROR: |runtime error:|==[0-9]+==|SUMMARY|Test unit written|ALARM|deadly signal" -A14 "$log" | head -60
+    } >"$dir/$t.summary"
+    return 1
   fi
+}
+
+# A libFuzzer run keeps one core busy: as many targets at once as there are cores
+# (LOOM_FUZZ_JOBS), each for its full time, reported in order.
+lanes="${LOOM_FUZZ_JOBS:-$(nproc)}"
+[ "$lanes" -ge 1 ] 2>/dev/null || lanes=1
+status=0
+running=()
+finish_first() {
+  wait "${running[0]%%:*}" || status=1
+  cat "$dir/${running[0]#*:}.summary"
+  running=("${running[@]:1}")
+}
+for t in "${targets[@]}"; do
+  fuzz_one "$t" &
+  running+=("$!:$t")
+  [ "${#running[@]}" -lt "$lanes" ] || finish_first
 done
+while [ "${#running[@]}" -gt 0 ]; do finish_first; done
 exit $status

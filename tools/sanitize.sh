@@ -55,7 +55,13 @@ if [ "$kind" = address ]; then
   inproc+=':DeviceReproducible.*:OnDemand.*:OnDemandIb.*:Split.*:IbSetUp.*:-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
   # The canonical tree's float checks are arithmetic, the same code on every layout: one layout here.
   inproc+=':Layouts/Reproducible.EveryFloatReductionIsTheCanonicalTree/tcp3:Layouts/Reproducible.EveryFloatReductionIsTheCanonicalTree/mixed4'
-  unit='*'
+  # The device matrix and the three-piece ring once per kind of link, not on every mix of them: the
+  # layouts left out (about 75 s here) run the same code over links the ones kept already cover.
+  inproc+=':Mixed/SmallMatrix.*/5ranks_ring_3_mixed:Links/DeviceMatrix.*/4ranks_mixed:Links/DeviceMatrix.*/6ranks_mixed3_ipc'
+  inproc+=':Links/DeviceMatrix.*/4ranks_ipc:Links/DeviceMatrix.*/5ranks_ipc'
+  # The plan's exchanges are index arithmetic that the test itself bounds-checks on every buffer
+  # (41 s under AddressSanitizer, a second or two in release).
+  unit='-Plan.HalvingDoublingExchangesMatchAndCoverTheBuffer'
   multiproc='Faults.*:SharedMemory.*:Loomrun.*:CudaIpc.*:IbProcesses.*'
 else
   inproc='*P2P*:Links/Mismatch*:Links/HangReport*:Communicator.*:Collectives.SeveralInFlight*:Collectives.BadArguments*'
@@ -63,6 +69,8 @@ else
   inproc+=':Soak.TwoCommunicators*:GradSync.*:Ranks/DataParallel.*:DeviceStaged.*:Paths/DevicePath.*:Links/DeviceMatrix.*/3ranks*'
   inproc+=':Shm/SmallMatrix.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*:*AnySource*:Layouts/Reproducible.*/tcp3'
   inproc+=':Layouts/Reproducible.*/shm3:OnDemand.*:OnDemandIb.*:Split.*:Store.*Wait*:IbSetUp.*:-*LargeBothDirections*'
+  # Large counts through the staged device path once (37 s): DeviceStaged.* covers its threads.
+  inproc+=':Paths/DevicePath.LargeCountsWithDefaultSlots/staged'
   # Single-threaded plan arithmetic gives ThreadSanitizer nothing to watch (and takes it 100 s); the
   # GPUDirect test between processes moves every size through the emulated device (90 s here), whose
   # threads the in-process IbGpuDirect tests cover.
