@@ -49,8 +49,14 @@ void gather(const coll::Context& whole, const std::vector<int>& members, int cha
 }  // namespace
 
 std::vector<Bytes> SplitMeeting::swap(const Bytes& mine, const std::string& failed, const Deadline&, bool linksAtInit) {
-  const std::string mark = failed.empty() ? std::string() : failedMark(failed);
-  const Bytes& record = failed.empty() ? mine : Bytes(mark.begin(), mark.end());
+  // A failed rank sends the mark in place of its record (not a conditional of the two, which would
+  // copy `mine` into a temporary).
+  Bytes marked;
+  if (!failed.empty()) {
+    const std::string mark = failedMark(failed);
+    marked.assign(mark.begin(), mark.end());
+  }
+  const Bytes& record = failed.empty() ? mine : marked;
   const size_t n = members_.size();
   // Slots of kSlot bytes, each a length, whether the rank links at init, and as much of the
   // record as fits (a record is about two hundred bytes); a second round, on the next channel of
