@@ -94,6 +94,7 @@ void smallExchange(Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64
   uint64_t step = ar.steps[static_cast<size_t>(ar.me)]->load(std::memory_order_relaxed);
   const int parity = static_cast<int>(step & 1);
   const size_t half = static_cast<size_t>(parity) * small;
+  if (stageBytes > 0) shm::backOwn(ar, 2 * small);
   publishCall(c, ar, bytes, word, parity);
   if (stageBytes > 0) kernels::copy(ar.buffers[static_cast<size_t>(ar.me)] + half, stage, stageBytes);
   barrier(c, ar, ++step);
@@ -139,6 +140,7 @@ void allReduceDirect(Context& c, const Args& a) {
     });
     return;
   }
+  shm::backOwn(ar, ar.bytes);
   mine += largeAt;
   // Large calls describe themselves in a set of their own: a peer may still be checking the
   // small calls' sets while this rank has moved on.
@@ -243,6 +245,7 @@ void broadcastDirect(Context& c, const Args& a) {
   const uint8_t* in = cbytes(a.send);
   uint8_t* out = bytes(a.recv);
   uint8_t* mine = ar.buffers[static_cast<size_t>(ar.me)];
+  if (root) shm::backOwn(ar, ar.bytes);
   halvedExchange(
       c, ar, total, word, total,
       [&](size_t at, size_t off, size_t len) {
@@ -278,6 +281,7 @@ void allGatherDirect(Context& c, const Args& a) {
   }
   // Each rank's block in chunks: stage this rank's chunk, then copy every peer's.
   uint8_t* mine = ar.buffers[static_cast<size_t>(ar.me)];
+  shm::backOwn(ar, ar.bytes);
   halvedExchange(
       c, ar, block, word, block, [&](size_t at, size_t off, size_t len) { kernels::copy(mine + at, in + off, len); },
       [&](size_t at, size_t off, size_t len) {

@@ -14,9 +14,9 @@ namespace {
 
 LOOM_PARAM_STR(
     connectParam, "LOOM_CONNECT", "auto",
-    "lazy: a TCP or ib link is made the first time an operation needs that peer (a job that only all-reduces "
-    "holds O(log N) links per rank); eager: every peer is linked at init (a full mesh); auto: eager up "
-    "to 8 ranks, lazy above");
+    "lazy: a link (shared memory, TCP or ib) is made the first time an operation needs that peer (a job that "
+    "only all-reduces holds O(log N) links per rank); eager: every peer is linked at init (a full mesh); auto: "
+    "eager up to 8 ranks, lazy above");
 
 // Up to this many ranks a full mesh costs a few links, made at init, and the first operation
 // keeps its latency; above it, links are made on first use.
@@ -59,7 +59,7 @@ void LinkTable::publish(TransportContext& ctx, const std::vector<TransportEntry>
 bool LinkTable::linksAllOnFirstUse() const {
   if (!lazyLinks(rank_, size_)) return false;
   for (const auto& t : transports_)
-    if (!t->linksOnDemand()) return false;
+    if (!t->linksOnDemand() || t->meetsPeersAtInit()) return false;
   return true;
 }
 
@@ -140,10 +140,11 @@ void LinkTable::connect(TransportContext& ctx) {
     if (peersOf[t].empty()) continue;
     std::vector<std::unique_ptr<Connection>> conns;
     if (onDemand(t)) {
-      // Stand-ins, driven by the receive engine as the links made behind them will be.
+      // Stand-ins, driven by the engine that will drive the links made behind them.
+      ProgressEngine* driver = transports_[t]->prepareOnDemand(ctx, peersOf[t]);
       for (int peer : peersOf[t]) {
         conns.push_back(std::make_unique<OnDemandConnection>(rank_, peer, transports_[t].get()));
-        engine_.add(conns.back().get());
+        (driver != nullptr ? *driver : engine_).add(conns.back().get());
       }
     } else {
       conns = transports_[t]->connect(ctx, peersOf[t]);

@@ -8,10 +8,11 @@
 // the store; once every rank has joined and the node map is known, connect() gives each peer the
 // first transport that reaches it and links it (every rank runs the transports in one order, and
 // each one waits only on the peers it links, so no two ranks wait on each other crosswise), and
-// this rank to itself by a SelfConnection. With LOOM_CONNECT=lazy (the default above 8 ranks), a transport that
-// can link one peer when either side first needs it (Transport::linksOnDemand: TCP) links nothing
-// at init: each of its peers gets a stand-in (on_demand_connection.hpp) that asks for the link on
-// the first send or receive, so that a rank holds the links its operations use and no more.
+// this rank to itself by a SelfConnection. With LOOM_CONNECT=lazy (the default above 8 ranks), a
+// transport that can link one peer when either side first needs it (Transport::linksOnDemand:
+// TCP, ib, shared memory) links nothing at init: each of its peers gets a stand-in
+// (on_demand_connection.hpp) that asks for the link on the first send or receive, so that a rank
+// holds the links its operations use and no more.
 //
 // Tear-down: close(bye) stops the engines, fails every pending
 // request with `bye` (peers still linked hear it) and destroys the links; destroying a table that

@@ -167,6 +167,17 @@ class Transport {
   // when either side first needs it, without the other side's application thread, says so; the
   // link table then calls linkOnDemand instead of connect, and linkTo when a peer is first used.
   virtual bool linksOnDemand() const { return false; }
+  /// Whether its set-up for links on first use still waits on peers at init (shared memory maps
+  /// every local peer's segment then): the communicator's join then waits for every rank's set-up.
+  virtual bool meetsPeersAtInit() const { return false; }
+  /// Before linkOnDemand, on every rank at once: sets up what the stand-ins for `peers` need and
+  /// returns the engine that is to drive them, and the links made behind them (null: the link
+  /// table's receive engine). Sources may be added to it until the link table seals it.
+  virtual ProgressEngine* prepareOnDemand(TransportContext& ctx, const std::vector<int>& peers) {
+    (void)ctx;
+    (void)peers;
+    return nullptr;
+  }
   /// Instead of connect(), on every rank at once: from now on links with `peers` are made when
   /// either side asks (linkTo here, or the peer's) and handed to `sink`. ctx and sink outlive the
   /// transport's links.

@@ -75,14 +75,14 @@ class TransportSetup {
       perRank_.emplace([](int r, loom::Options& o) { o.hostId = r % 2 == 0 ? "even-node" : "odd-node"; });
     } else if (mode == "mixed3") {
       perRank_.emplace([](int r, loom::Options& o) { o.hostId = "node-" + std::to_string(r % 3); });
-    } else if (mode != "shm") {
+    } else if (mode != "shm" && mode != "shm-lazy") {
       const char* old = std::getenv("LOOM_TRANSPORT");
       hadOld_ = old != nullptr;
       if (hadOld_) old_ = old;
       setenv("LOOM_TRANSPORT", mode == "noipc" ? "^cuda_ipc" : mode.c_str(), 1);
       restoreEnv_ = true;
     }
-    if ((mode == "tcp" || mode == "mixed" || mode == "mixed3" || mode == "ib") &&
+    if ((mode == "tcp" || mode == "mixed" || mode == "mixed3" || mode == "ib" || mode == "shm-lazy") &&
         std::getenv("LOOM_CONNECT") == nullptr)
       connect_.emplace("LOOM_CONNECT", "lazy");
     const char* provider = std::getenv("LOOM_TEST_VERBS_PROVIDER");

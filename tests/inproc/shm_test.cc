@@ -509,6 +509,7 @@ namespace {
 std::string ringsOf(int ranks, const char* ringBytes) {
   EnvVar budget("LOOM_SHM_RING_BUDGET", std::to_string(4 << 20));
   EnvVar cma("LOOM_SHM_CMA", "0");
+  EnvVar eager("LOOM_CONNECT", "eager");  // every link described from the start
   std::optional<EnvVar> explicitRing;
   if (ringBytes != nullptr) explicitRing.emplace("LOOM_SHM_RING_BYTES", ringBytes);
   std::vector<std::string> desc(static_cast<size_t>(ranks));

@@ -172,14 +172,34 @@ TEST(SharedMemory, ProcessVmReadvRefusedBySeccompFallsBackToTheRing) {
   runCollectives(3, {{"NO_CMA_SECCOMP", "1"}}, {"process_vm_readv refused"});
 }
 
+// Links made on first use (LOOM_CONNECT=lazy, the default above 8 ranks): none at init, the
+// collectives' checks pass over those their algorithms make (cross-memory attach probed then),
+// and nothing is left in /dev/shm.
+TEST(SharedMemory, LinksOnFirstUseCarryTheCollectives) {
+  const auto before = loomSegments();
+  // The ring's all-reduce needs links (the node's direct area, which the others use, needs none).
+  Env lazy;
+  lazy["LOOM_CONNECT"] = "lazy";
+  lazy["LOOM_ALGO"] = "allreduce:ring";
+  runCollectives(3, lazy, {"shm, not linked", "link after: rank", "single copy (process_vm_readv)"});
+  EXPECT_EQ(loomSegments(), before);
+}
+
 // A rank killed with SIGKILL in the middle of shared-memory all-reduces: the others fail within
-// seconds with an error naming it, and /dev/shm holds no segment of the job afterwards.
-TEST(SharedMemory, SigkillInMidAllReduceIsNamedWithinSecondsAndLeavesNothing) {
+// seconds with an error naming it, and /dev/shm holds no segment of the job afterwards; with the
+// links made at init and on first use.
+class SharedMemoryKill : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Links, SharedMemoryKill, ::testing::Values("eager", "lazy"));
+TEST_P(SharedMemoryKill, SigkillInMidAllReduceIsNamedWithinSecondsAndLeavesNothing) {
   const std::string port = std::to_string(freePort());
   const auto before = loomSegments();
   const int n = 4, victim = 2;
   std::vector<Proc> procs;
-  for (int r = 0; r < n; ++r) procs.push_back(start({path("LOOM_TEST_WORKER"), "loop"}, torchEnv(r, n, port)));
+  for (int r = 0; r < n; ++r) {
+    Env e = torchEnv(r, n, port);
+    e["LOOM_CONNECT"] = GetParam();
+    procs.push_back(start({path("LOOM_TEST_WORKER"), "loop"}, e));
+  }
   // Let them loop for a moment (every rank prints "looping" after a few all-reduces).
   bool looping = false;
   for (int i = 0; i < 300 && !looping; ++i) {

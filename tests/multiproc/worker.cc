@@ -79,6 +79,8 @@ int collectives(loom::Communicator& c) {
         return 4;
       }
   }
+  for (int p = 0; p < n; ++p)  // (links made on first use: those the collectives made)
+    if (p != me) std::printf("rank %d link after: %s\n", me, c.describeLink(p).c_str());
   std::printf("rank %d of %d ok\n", me, n);
   return 0;
 }

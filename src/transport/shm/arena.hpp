@@ -34,10 +34,19 @@ struct LocalArena {
   /// rank's step store to another's load of it; a read-modify-write here, in TSan builds only,
   /// shows it the order (collectives/arena_sync.cc).
   std::shared_ptr<std::atomic<uint64_t>> processClock;
+  /// Backs this rank's own buffer up to `bytes` before it writes there (with links made on first
+  /// use its pages are allocated as they come into use, not at init; null: backed at init).
+  /// Throws Error(System) when /dev/shm is full. Use backOwn() below.
+  std::function<void(size_t bytes)> backOwnTo;
   /// Why rank `index` can no longer take part ("" while it can): it closed its communicator, its
   /// communicator failed (with the reason it recorded), or its process is gone.
   std::function<std::string(int index)> gone;
 };
+
+/// Makes sure this rank's own buffer is backed up to `bytes` before it writes there.
+inline void backOwn(const LocalArena& ar, size_t bytes) {
+  if (ar.backOwnTo) ar.backOwnTo(bytes);
+}
 
 /// Publishes the collective a rank is in (sequence number, signature) in its `current` slot: a
 /// version word, odd while the pair is being written, so that readers never see half of it.

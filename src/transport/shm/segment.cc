@@ -132,7 +132,7 @@ uint8_t* Segment::ringData(int slot) const {
 }
 
 Segment Segment::create(const std::string& name, int owner, int slots, size_t ringBytes, size_t directBytes,
-                        const Nonce& commId) {
+                        const Nonce& commId, bool backRings) {
   const size_t bytes = sizeFor(slots, ringBytes, directBytes);
   const std::string path = "/dev/shm" + name;
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -151,7 +151,16 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
   seg.name_ = name;
   seg.owned_ = true;
   // From here on the destructor unlinks the name if anything throws.
-  int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  // Otherwise the file at its full size, only its header and ring controls backed.
+  const size_t ringsAt = headerBytes() + controlBytes(slots);
+  int rc = 0;
+  if (backRings) {
+    rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  } else if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    rc = errno;
+  } else {
+    rc = posix_fallocate(fd, 0, static_cast<off_t>(ringsAt));
+  }
   if (rc != 0) {
     close(fd);
     if (rc == ENOSPC) {
@@ -176,7 +185,7 @@ Segment Segment::create(const std::string& name, int owner, int slots, size_t ri
   seg.bytes_ = bytes;
   seg.shared_ = share(name, p, bytes);
 
-  // fallocate zeroed the pages: every atomic starts at 0.
+  // fallocate zeroed the pages (and a hole reads as zeros): every atomic starts at 0.
   auto* h = seg.header();
   h->magic = kSegmentMagic;
   h->version = kSegmentVersion;
@@ -296,6 +305,54 @@ void Segment::validate(const Segment& seg, int self, int owner, const Nonce& com
     LOOM_THROW_PEER(ErrorCode::InvalidUsage, self, owner,
                     strFormat("rank %d's shared-memory segment %s is unusable: %s", owner, path.c_str(), why.c_str()));
   }
+}
+
+namespace {
+
+// Write-faults [at, at + bytes) of a shared mapping in, which allocates its pages (a segment's name
+// may be gone, so there is no descriptor to fallocate through); the kernel answers EFAULT where a
+// store would have raised SIGBUS. Returns 0 or the errno; an older kernel without
+// MADV_POPULATE_WRITE (Linux 5.14) counts as done: the first writes allocate the pages.
+int populate(void* at, size_t bytes) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+  if (bytes == 0 || madvise(at, bytes, MADV_POPULATE_WRITE) == 0) return 0;
+  return errno == EINVAL ? 0 : errno;
+}
+
+std::string noRoomText(int e) { return e == EFAULT ? "no room for its pages" : errnoText(e); }
+
+}  // namespace
+
+void Segment::backRing(int slot, int self) const {
+  const int e = populate(ringData(slot), ringBytes());
+  if (e == 0) return;
+  const auto owner = static_cast<int>(header()->owner);
+  LOOM_THROW_PEER(ErrorCode::System, self, owner,
+                  strFormat("cannot back the ring of %zu bytes this rank writes in rank %d's shared-memory segment "
+                            "/dev/shm%s: %s (a full /dev/shm? free space there (df /dev/shm), lower "
+                            "LOOM_SHM_RING_BYTES, or set LOOM_TRANSPORT=^shm)",
+                            ringBytes(), owner, name_.c_str(), noRoomText(e).c_str()));
+}
+
+void Segment::backDirect(size_t from, size_t to) const {
+  const int e = populate(direct() + from, to - from);
+  if (e == 0) return;
+  const auto owner = static_cast<int>(header()->owner);
+  LOOM_THROW(ErrorCode::System, owner,
+             strFormat("cannot back this rank's shared-memory direct area (bytes %zu to %zu of %zu, segment "
+                       "/dev/shm%s): %s (a full /dev/shm? free space there (df /dev/shm), lower "
+                       "LOOM_SHM_DIRECT_BYTES, or set LOOM_TRANSPORT=^shm)",
+                       from, to, directBytes(), name_.c_str(), noRoomText(e).c_str()));
+}
+
+void Segment::requestLink(int slot) const {
+  SegmentHeader* h = header();
+  h->linkedBy[slot / 64].fetch_or(uint64_t{1} << (slot % 64), std::memory_order_release);
+  h->linkRequests.fetch_add(1, std::memory_order_seq_cst);
+  h->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (h->sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&h->doorbell);
 }
 
 void Segment::unlink() noexcept {

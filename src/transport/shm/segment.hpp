@@ -32,7 +32,7 @@ namespace loom {
 namespace shm {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cULL;  // "LOOMSHM1"
-constexpr uint32_t kSegmentVersion = 5;                    // 5: ready flag, attach map, cookie address
+constexpr uint32_t kSegmentVersion = 6;                    // 6: link requests (links made on first use)
 constexpr int kMaxSlots = 4096;                            // local peers a segment has rings for
 constexpr size_t kCacheLine = 64;
 
@@ -60,6 +60,11 @@ struct SegmentHeader {
   std::atomic<uint32_t> ready;
   /// Bit `slot` set by the peer writing into ring `slot` once it has attached the segment.
   alignas(kCacheLine) std::atomic<uint64_t> attached[kMaxSlots / 64];
+  /// Links made on first use: bit `slot` set by the peer writing into ring `slot` once it linked to
+  /// the owner (and backed that ring), then `linkRequests` bumped, so that the owner links back and
+  /// reads what arrives there without a receive of its own posted first.
+  alignas(kCacheLine) std::atomic<uint64_t> linkedBy[kMaxSlots / 64];
+  std::atomic<uint32_t> linkRequests;
   alignas(kCacheLine) pthread_mutex_t alive;           ///< robust; held by the owner's progress thread
   alignas(kCacheLine) std::atomic<uint32_t> doorbell;  ///< bumped by every writer; futex word
   std::atomic<uint32_t> sleepers;                      ///< owner threads asleep on the doorbell
@@ -114,10 +119,12 @@ class Segment {
   static size_t sizeFor(int slots, size_t ringBytes, size_t directBytes);
 
   /// Creates, sizes (fallocate: a full /dev/shm fails here, not later with SIGBUS) and maps the
-  /// segment, and initialises its header, not yet ready. Throws Error(System) naming the segment:
-  /// EEXIST (another job or a killed one left the same name), ENOSPC, EACCES.
+  /// segment, and initialises its header, not yet ready. Without `backRings` only the header and
+  /// the ring controls are backed: each ring's writer backs it when it links (backRing), the owner
+  /// its direct area as it comes to use it (backDirect). Throws Error(System)
+  /// naming the segment: EEXIST (another job or a killed one left the same name), ENOSPC, EACCES.
   static Segment create(const std::string& name, int owner, int slots, size_t ringBytes, size_t directBytes,
-                        const Nonce& commId);
+                        const Nonce& commId, bool backRings = true);
   /// Lets peers attach the segment: its owner calls it once its progress thread holds `alive`,
   /// so that a peer's liveness probe never finds the mutex free before the owner took it.
   void markReady();
@@ -131,6 +138,17 @@ class Segment {
   void markAttached(int slot);
   /// Whether the peer writing into ring `slot` has attached this segment.
   bool attachedBy(int slot) const;
+
+  /// Backs ring `slot`'s data with memory before its writer (rank `self`) first writes there, so
+  /// that a full /dev/shm is an error now, naming the segment, not a SIGBUS later. Throws
+  /// Error(System) naming the owner.
+  void backRing(int slot, int self) const;
+  /// Backs bytes [from, to) of the direct area, before its owner first writes there. Throws
+  /// Error(System) naming the segment.
+  void backDirect(size_t from, size_t to) const;
+  /// The writer of ring `slot` linked to the owner on first use: marks it and wakes the owner's
+  /// progress thread (even while a thread of the owner attends: only that thread links back).
+  void requestLink(int slot) const;
 
   /// Removes the name from /dev/shm (the mapping stays). Idempotent; ENOENT is fine.
   void unlink() noexcept;

@@ -68,26 +68,14 @@ LinkProperties ShmTransport::linkProperties() {
   return p;
 }
 
+ShmTransport::ShmTransport() = default;
 ShmTransport::~ShmTransport() { stop(); }
 
 bool ShmTransport::reaches(const TransportContext& ctx, int peer) const {
   return !ctx.nodeOf.empty() && ctx.nodeOf[static_cast<size_t>(peer)] == ctx.nodeOf[static_cast<size_t>(ctx.rank)];
 }
 
-std::vector<std::unique_ptr<Connection>> ShmTransport::connect(TransportContext& ctx, const std::vector<int>& peers) {
-  if (peers.empty()) return {};
-  try {
-    return setUp(ctx, peers);
-  } catch (const Error& e) {
-    // Tell the local peers at once (they may be waiting on us), instead of leaving them to their
-    // deadline. A peer that already read our endpoint finds the segment gone and looks again.
-    ctx.store->setString("shm/" + std::to_string(ctx.rank), std::string(kGaveUp) + e.what());
-    throw;
-  }
-}
-
-void ShmTransport::attachAll(TransportContext& ctx, const std::vector<int>& peers,
-                             const std::function<int(int owner, int writer)>& slotIn) {
+void ShmTransport::attachAll(TransportContext& ctx, const std::vector<int>& peers) {
   const int rank = ctx.rank;
   std::vector<int> toAttach = peers, toHear = peers;  // whose segment we lack; who lacks ours
   // Only a peer that gave up says so through the store: looked at now and then, less often the
@@ -167,51 +155,148 @@ void ShmTransport::peerGaveUp(TransportContext& ctx, int peer) {
       strFormat("rank %d gave up setting up shared memory: %s", peer, text.substr(std::strlen(kGaveUp)).c_str()));
 }
 
-std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& ctx, const std::vector<int>& peers) {
-  std::vector<std::unique_ptr<Connection>> out;
-  const int rank = ctx.rank;
+// The peers that linked to this rank on first use (their bits in our segment's linkedBy): the
+// engine links back to each once, so that what they write is read.
+class ShmTransport::LinkRequests : public ProgressSource {
+ public:
+  explicit LinkRequests(ShmTransport* t)
+      : t_(t), header_(t->mine_.header()), handled_((t->local_.size() + 62) / 64, 0) {}
+  bool progress() noexcept override {
+    if (!pending()) return false;
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    // The count first: a request whose bump comes after this load is seen on the next call.
+    seen_.store(header_->linkRequests.load(std::memory_order_acquire), std::memory_order_relaxed);
+    const int me = t_->localIndex_[static_cast<size_t>(t_->rank_)];
+    for (size_t w = 0; w < handled_.size(); ++w) {
+      uint64_t fresh = header_->linkedBy[w].load(std::memory_order_acquire) & ~handled_[w];
+      handled_[w] |= fresh;
+      while (fresh != 0) {
+        const int slot = static_cast<int>(w * 64) + __builtin_ctzll(fresh);
+        fresh &= fresh - 1;
+        t_->linkTo(t_->local_[static_cast<size_t>(slot < me ? slot : slot + 1)]);
+      }
+    }
+    return true;
+  }
+  bool needsEngine() const noexcept override { return pending(); }
+  bool hasWork() const noexcept override { return pending(); }
+
+ private:
+  bool pending() const noexcept {
+    return header_->linkRequests.load(std::memory_order_acquire) != seen_.load(std::memory_order_relaxed);
+  }
+  ShmTransport* const t_;
+  SegmentHeader* const header_;
+  std::mutex mu_;
+  std::atomic<uint32_t> seen_{0};
+  std::vector<uint64_t> handled_;  // guarded by mu_
+};
+
+template <typename F>
+auto ShmTransport::reportingFailure(TransportContext& ctx, F&& step) -> decltype(step()) {
+  try {
+    return step();
+  } catch (const Error& e) {
+    // Tell the local peers at once (they may be waiting on us), instead of leaving them to their
+    // deadline. A peer that already read our endpoint finds the segment gone and looks again.
+    ctx.store->setString("shm/" + std::to_string(ctx.rank), std::string(kGaveUp) + e.what());
+    throw;
+  }
+}
+
+std::vector<std::unique_ptr<Connection>> ShmTransport::connect(TransportContext& ctx, const std::vector<int>& peers) {
+  if (peers.empty()) return {};
+  return reportingFailure(ctx, [&] {
+    plan(ctx);
+    createMine(ctx, /*backRings=*/true);
+    // 2. Attach the peers' segments as they become ready, and wait for every peer to have
+    // attached ours; then unlink it.
+    attachAll(ctx, peers);
+    mine_.unlink();
+    std::vector<std::unique_ptr<Connection>> out;
+    for (int p : peers) {
+      out.push_back(connectionTo(p));
+      engine_->add(out.back().get());
+    }
+    engine_->seal();
+    makeArena(ctx.commId, /*backed=*/true);
+    return out;
+  });
+}
+
+ProgressEngine* ShmTransport::prepareOnDemand(TransportContext& ctx, const std::vector<int>& peers) {
+  if (peers.empty()) return nullptr;
+  return reportingFailure(ctx, [&] {
+    plan(ctx);
+    createMine(ctx, /*backRings=*/false);
+    return engine_;
+  });
+}
+
+void ShmTransport::linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) {
+  if (peers.empty()) return;
+  reportingFailure(ctx, [&] {
+    attachAll(ctx, peers);
+    mine_.unlink();
+    makeArena(ctx.commId, /*backed=*/false);
+  });
+  linking_ = std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(ctx.size));
+  sink_ = sink;
+  requests_ = std::make_unique<LinkRequests>(this);
+  engine_->add(requests_.get());
+}
+
+void ShmTransport::plan(const TransportContext& ctx) {
+  rank_ = ctx.rank;
+  failure_ = ctx.failure;
   // Every rank of the node gets a slot in every other's segment: slot = index among the node's
   // ranks leaving out the segment's owner.
-  std::vector<int> local, localIndex(static_cast<size_t>(ctx.size), -1);
+  localIndex_.assign(static_cast<size_t>(ctx.size), -1);
+  local_.clear();
   for (int r = 0; r < ctx.size; ++r)
     if (reaches(ctx, r)) {
-      localIndex[static_cast<size_t>(r)] = static_cast<int>(local.size());
-      local.push_back(r);
+      localIndex_[static_cast<size_t>(r)] = static_cast<int>(local_.size());
+      local_.push_back(r);
     }
-  auto slotIn = [&localIndex](int owner, int writer) {
-    const int idx = localIndex[static_cast<size_t>(writer)], ownerIdx = localIndex[static_cast<size_t>(owner)];
-    return idx > ownerIdx ? idx - 1 : idx;
-  };
-  const int slots = static_cast<int>(local.size()) - 1;
+  const int slots = static_cast<int>(local_.size()) - 1;
   if (slots > kMaxSlots) {
-    LOOM_THROW(ErrorCode::InvalidArgument, rank,
+    LOOM_THROW(ErrorCode::InvalidArgument, rank_,
                strFormat("%d ranks on one node: shared memory links at most %d (LOOM_TRANSPORT=^shm avoids it)",
                          slots + 1, kMaxSlots + 1));
   }
-  int64_t ringParam = ringBytesParam();
+  const int64_t ringParam = ringBytesParam();
   if (ringParam < 4096 || ringParam > (int64_t{1} << 40)) {
-    LOOM_THROW(ErrorCode::InvalidArgument, rank,
+    LOOM_THROW(ErrorCode::InvalidArgument, rank_,
                strFormat("LOOM_SHM_RING_BYTES=%lld is out of range (4096 to 2^40)", static_cast<long long>(ringParam)));
   }
-  size_t ringBytes = (static_cast<size_t>(ringParam) + 4095) / 4096 * 4096;
-  // Every segment is backed in full (fallocate, so that a full /dev/shm is an error at init, not
-  // a SIGBUS later): without a budget a node of L ranks would hold L * (L - 1) rings.
+  ringBytes_ = (static_cast<size_t>(ringParam) + 4095) / 4096 * 4096;
+  // Without a budget a node of L ranks would hold L * (L - 1) rings (every one of them backed when
+  // links are made at init).
   if (!ringBytesParamIsSet() && slots > 0) {
     const size_t budget = static_cast<size_t>(std::max<int64_t>(0, ringBudgetParam()));
     const size_t fair = budget / static_cast<size_t>(slots) / 4096 * 4096;
-    ringBytes = std::min(ringBytes, std::max<size_t>(fair, 16 << 10));
+    ringBytes_ = std::min(ringBytes_, std::max<size_t>(fair, 16 << 10));
   }
-
-  // 1. Our segment and our progress thread (which holds its liveness mutex); then it is ready.
-  const std::string name = Segment::nameFor(ctx.commId, rank);
   const int64_t directParam = directBytesParam();
   if (directParam < 0 || directParam > (int64_t{1} << 40)) {
     LOOM_THROW(
-        ErrorCode::InvalidArgument, rank,
+        ErrorCode::InvalidArgument, rank_,
         strFormat("LOOM_SHM_DIRECT_BYTES=%lld is out of range (0 to 2^40)", static_cast<long long>(directParam)));
   }
-  const size_t directBytes = (static_cast<size_t>(directParam) + 4095) / 4096 * 4096;
-  mine_ = Segment::create(name, rank, slots, ringBytes, directBytes, ctx.commId);
+  directBytes_ = (static_cast<size_t>(directParam) + 4095) / 4096 * 4096;
+}
+
+int ShmTransport::slotIn(int owner, int writer) const {
+  const int idx = localIndex_[static_cast<size_t>(writer)], ownerIdx = localIndex_[static_cast<size_t>(owner)];
+  return idx > ownerIdx ? idx - 1 : idx;
+}
+
+void ShmTransport::createMine(TransportContext& ctx, bool backRings) {
+  // 1. Our segment and our progress thread (which holds its liveness mutex); then it is ready.
+  const int slots = static_cast<int>(local_.size()) - 1;
+  mine_ = Segment::create(Segment::nameFor(ctx.commId, rank_), rank_, slots, ringBytes_, directBytes_, ctx.commId,
+                          backRings);
   SegmentHeader* header = mine_.header();
   engine_ = &ctx.engineFor(WakeWord{&header->doorbell, &header->sleepers, &header->attending, &header->waiters});
   engine_->start([header] { pthread_mutex_lock(&header->alive); },
@@ -220,56 +305,103 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
                    pthread_mutex_unlock(&header->alive);
                  });
   mine_.markReady();
+}
 
-  // 2. Attach the peers' segments as they become ready, and wait for every peer to have attached
-  // ours; then unlink it.
-  attachAll(ctx, peers, slotIn);
-  mine_.unlink();
-
-  // 4. Connections, with cross-memory attach where the probe passes.
+std::unique_ptr<Connection> ShmTransport::connectionTo(int p) {
+  const Segment& theirs = theirs_.at(p);
+  const int pid = theirs.header()->pid;
   const bool cmaWanted = cmaParam() != 0;
-  for (int p : peers) {
-    Segment& theirs = theirs_[p];
-    const int pid = theirs.header()->pid;
-    const bool cma = cmaWanted && cmaProbe(pid, theirs.header()->cookieAddr, theirs.header()->cookie);
-    ShmOptions opt;
-    opt.eagerBytes = static_cast<size_t>(std::max<int64_t>(0, eagerBytesParam()));
-    opt.cma = cma;
-    const int inSlot = slotIn(rank, p), outSlot = slotIn(p, rank);
-    RingView in(mine_.ring(inSlot), mine_.ringData(inSlot), mine_.ringBytes());
-    RingView outRing(theirs.ring(outSlot), theirs.ringData(outSlot), theirs.ringBytes());
-    std::string how = cma ? strFormat("single copy (process_vm_readv) above %s", bytesText(opt.eagerBytes).c_str())
-                          : std::string(cmaWanted ? "process_vm_readv refused: every message copied through the ring"
-                                                  : "every message copied through the ring (LOOM_SHM_CMA=0)");
-    std::string desc = strFormat("rank %d <-> rank %d: shm, rings of %s each way (segments %s, %s); %s", rank, p,
-                                 bytesText(ringBytes).c_str(), name.c_str(), theirs.name().c_str(), how.c_str());
-    auto conn = std::make_unique<ShmConnection>(rank, p, in, outRing, mine_.header(), theirs.header(), pid, ctx.failure,
-                                                opt, desc);
-    engine_->add(conn.get());
-    out.push_back(std::move(conn));
-  }
-  engine_->seal();
+  const bool cma = cmaWanted && cmaProbe(pid, theirs.header()->cookieAddr, theirs.header()->cookie);
+  ShmOptions opt;
+  opt.eagerBytes = static_cast<size_t>(std::max<int64_t>(0, eagerBytesParam()));
+  opt.cma = cma;
+  const int inSlot = slotIn(rank_, p), outSlot = slotIn(p, rank_);
+  RingView in(mine_.ring(inSlot), mine_.ringData(inSlot), mine_.ringBytes());
+  RingView outRing(theirs.ring(outSlot), theirs.ringData(outSlot), theirs.ringBytes());
+  std::string how = cma ? strFormat("single copy (process_vm_readv) above %s", bytesText(opt.eagerBytes).c_str())
+                        : std::string(cmaWanted ? "process_vm_readv refused: every message copied through the ring"
+                                                : "every message copied through the ring (LOOM_SHM_CMA=0)");
+  std::string desc = strFormat("rank %d <-> rank %d: shm, rings of %s each way (segments %s, %s); %s", rank_, p,
+                               bytesText(ringBytes_).c_str(), mine_.name().c_str(), theirs.name().c_str(), how.c_str());
+  return std::make_unique<ShmConnection>(rank_, p, in, outRing, mine_.header(), theirs.header(), pid, failure_, opt,
+                                         desc);
+}
 
+void ShmTransport::linkTo(int peer) noexcept {
+  if (sink_ == nullptr || linking_[static_cast<size_t>(peer)].exchange(true)) return;
+  try {
+    const auto began = std::chrono::steady_clock::now();
+    const Segment& theirs = theirs_.at(peer);
+    // A peer gone before its first use: named now, as a link made at init names it (shm_failure.cc).
+    const PeerState st = probeOwner(theirs.header());
+    const std::string theirReason = recordedFailure(theirs.header());
+    if (st == PeerState::Closed && theirReason.empty()) {
+      // A clean exit: this link fails; the communicator lives on, as with a link made at init.
+      sink_->linkFailed(peer, Status::error(ErrorCode::Remote,
+                                            strFormat("rank %d closed its communicator before this rank first "
+                                                      "needed a link to it",
+                                                      peer),
+                                            peer));
+      return;
+    }
+    if (st != PeerState::Alive || !theirReason.empty()) {
+      LOOM_THROW_PEER(
+          ErrorCode::Remote, rank_, peer,
+          strFormat("rank %d %s before this rank first needed a link to it%s", peer,
+                    st == PeerState::Died ? "died (its process exited or was killed without closing its communicator)"
+                    : st == PeerState::Closed ? "closed its communicator"
+                                              : "stopped",
+                    theirReason.empty() ? "" : (": after an error of its own: " + theirReason).c_str()));
+    }
+    const int outSlot = slotIn(peer, rank_);
+    theirs.backRing(outSlot, rank_);
+    auto conn = connectionTo(peer);
+    theirs.requestLink(outSlot);
+    sink_->adopt(peer, *conn);
+    LOOM_INFO("%s (linked on first use, in %.1f ms)", conn->describe().c_str(),
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count());
+    sink_->linked(peer, std::move(conn));
+  } catch (...) {
+    const Status s = statusFromCurrentException();
+    failure_->fail(s);
+    sink_->linkFailed(peer, s);
+  }
+}
+
+void ShmTransport::makeArena(const Nonce& commId, bool backed) {
   // 5. The node's arena: every local rank's direct area, usable only if all have one of a size.
+  const size_t directBytes = directBytes_;
   bool sameSize = directBytes > 0;
   for (const auto& [p, seg] : theirs_) sameSize = sameSize && seg.directBytes() == directBytes;
   if (sameSize) {
-    arena_.ranks = local;
+    arena_.ranks = local_;
     arena_.bytes = directBytes;
-    for (size_t i = 0; i < local.size(); ++i) {
-      const int r = local[i];
-      SegmentHeader* h = r == rank ? mine_.header() : theirs_[r].header();
-      if (r == rank) arena_.me = static_cast<int>(i);
-      arena_.buffers.push_back(r == rank ? mine_.direct() : theirs_[r].direct());
+    for (size_t i = 0; i < local_.size(); ++i) {
+      const int r = local_[i];
+      SegmentHeader* h = r == rank_ ? mine_.header() : theirs_.at(r).header();
+      if (r == rank_) arena_.me = static_cast<int>(i);
+      arena_.buffers.push_back(r == rank_ ? mine_.direct() : theirs_.at(r).direct());
       arena_.steps.push_back(&h->directStep);
       arena_.calls.push_back(h->directCall);
       arena_.current.push_back(h->current);
       static_assert(sizeof(h->deviceRecord) == LocalArena::kDeviceRecordBytes, "record sizes agree");
       arena_.deviceRecords.push_back(h->deviceRecord);
     }
-    arena_.processClock = processClockFor(ctx.commId);
+    arena_.processClock = processClockFor(commId);
+    if (!backed) {
+      // Collectives of a communicator write its area one at a time; the count only grows.
+      auto upTo = std::make_shared<std::atomic<size_t>>(0);
+      const Segment* seg = &mine_;
+      arena_.backOwnTo = [seg, upTo, directBytes](size_t bytes) {
+        const size_t from = upTo->load(std::memory_order_acquire);
+        if (bytes <= from) return;
+        const size_t to = std::min(directBytes, (bytes + 4095) / 4096 * 4096);
+        seg->backDirect(from, to);
+        upTo->store(to, std::memory_order_release);
+      };
+    }
     std::vector<SegmentHeader*> headers;
-    for (int r : local) headers.push_back(r == rank ? mine_.header() : theirs_[r].header());
+    for (int r : local_) headers.push_back(r == rank_ ? mine_.header() : theirs_.at(r).header());
     arena_.gone = [headers](int index) -> std::string {
       SegmentHeader* h = headers[static_cast<size_t>(index)];
       const std::string why = recordedFailure(h);
@@ -280,7 +412,6 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::setUp(TransportContext& c
       return "";
     };
   }
-  return out;
 }
 
 }  // namespace shm

@@ -14,6 +14,14 @@
 // A rank whose setup fails sets shm/<rank> in the store to "error: <why>", so that its local peers
 // fail soon with that reason instead of at the deadline.
 //
+// Links on first use (LOOM_CONNECT=lazy, transport/link_table.hpp): steps 1 to 3 run at init (the
+// node's arena needs every segment mapped), but the rings' memory is not backed and step 4 waits.
+// The first operation that needs a peer links it from this side alone (linkTo): it backs the ring
+// it writes in the peer's segment, probes cross-memory attach, and marks itself in the peer's
+// link requests; the peer's progress thread, woken, links back, so that what arrives there is
+// read (unexpected messages, receives from any source) whether or not the peer asked first. A
+// node of L ranks that only all-reduces thus backs and probes O(L log L) rings, not L².
+//
 // Progress: the connections are sources of one progress engine (core/progress_engine.hpp) that
 // the link table makes for this rank's doorbell, the futex word in its segment that every writer
 // bumps; the segment's `attending` and `waiters` counts, which writers read to decide whether to
@@ -23,11 +31,13 @@
 // the peers still live.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/progress_engine.hpp"
 #include "transport/shm/arena.hpp"
@@ -39,7 +49,7 @@ namespace shm {
 
 class ShmTransport : public Transport, public ArenaProvider {
  public:
-  ShmTransport() = default;
+  ShmTransport();
   ~ShmTransport() override;
   const char* name() const override { return "shm"; }
   LinkProperties properties() const override { return linkProperties(); }
@@ -50,6 +60,11 @@ class ShmTransport : public Transport, public ArenaProvider {
   bool reaches(const TransportContext& ctx, int peer) const override;
   void publish(TransportContext&) override {}
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
+  bool linksOnDemand() const override { return true; }
+  bool meetsPeersAtInit() const override { return true; }
+  ProgressEngine* prepareOnDemand(TransportContext& ctx, const std::vector<int>& peers) override;
+  void linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) override;
+  void linkTo(int peer) noexcept override;
   /// Stops the progress engine (the link table's; it stops it too), so that the segments can go.
   void stop() noexcept {
     if (engine_ != nullptr) engine_->stop();
@@ -57,19 +72,45 @@ class ShmTransport : public Transport, public ArenaProvider {
   const LocalArena* arena() const override { return arena_.bytes > 0 ? &arena_ : nullptr; }
 
  private:
-  std::vector<std::unique_ptr<Connection>> setUp(TransportContext& ctx, const std::vector<int>& peers);
+  class LinkRequests;
+
+  /// Runs `step`; if it throws, tells the local peers through the store (shm/<rank>) first.
+  template <typename F>
+  auto reportingFailure(TransportContext& ctx, F&& step) -> decltype(step());
+  /// The node's layout (its ranks, each one's slot in the others' segments, the sizes): throws
+  /// on settings out of range.
+  void plan(const TransportContext& ctx);
+  /// The ring that `writer` writes in `owner`'s segment.
+  int slotIn(int owner, int writer) const;
+  /// Step 1: our segment (its rings backed or left for their writers) and our progress thread.
+  void createMine(TransportContext& ctx, bool backRings);
   /// Steps 2 and 3 of the setup for `peers`: attaches each one's segment into theirs_ as it
   /// becomes ready and marks it, and returns once each one has marked ours. Throws naming a peer
   /// that gave up meanwhile, whose segment is unusable, or that is missing at ctx.deadline.
-  void attachAll(TransportContext& ctx, const std::vector<int>& peers,
-                 const std::function<int(int owner, int writer)>& slotIn);
+  void attachAll(TransportContext& ctx, const std::vector<int>& peers);
   /// Throws the peer's own setup error if it gave up (it set shm/<peer> to it).
   void peerGaveUp(TransportContext& ctx, int peer);
+  /// Step 4 for one peer whose segment is attached: the connection, with cross-memory attach
+  /// where the probe passes.
+  std::unique_ptr<Connection> connectionTo(int peer);
+  /// Step 5: the node's arena, where every local rank's direct area has one size; `backed`: ours
+  /// was backed at init (else it is as it comes into use).
+  void makeArena(const Nonce& commId, bool backed);
 
+  int rank_ = 0;
+  std::vector<int> local_;       // the node's ranks, ascending
+  std::vector<int> localIndex_;  // by rank: its index in local_, or -1
+  size_t ringBytes_ = 0;
+  size_t directBytes_ = 0;
+  std::shared_ptr<FailureState> failure_;
   Segment mine_;
-  std::map<int, Segment> theirs_;
+  std::map<int, Segment> theirs_;  // filled at init, read-only after
   LocalArena arena_;
   ProgressEngine* engine_ = nullptr;  // the link table's, which outlives us; stopped before the segments go
+  // Links on first use.
+  LinkSink* sink_ = nullptr;
+  std::unique_ptr<std::atomic<bool>[]> linking_;  // by rank: linkTo began
+  std::unique_ptr<LinkRequests> requests_;
 };
 
 }  // namespace shm
