@@ -52,7 +52,7 @@ if [ "$kind" = address ]; then
   inproc+=':Mixed/SmallMatrix.*/5ranks*:Shm/LargeCounts.*/3ranks_ring:MixedEven/*:Nodes*:DeviceStaged.*:Paths/DevicePath.*'
   inproc+=':Shm/SmallMatrix.*/5ranks_hd*:Shm/LargeCounts.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*:*AnySource*:MonitoredBarrier.*'
   inproc+=':Layouts/Reproducible.*/tcp3:Layouts/Reproducible.*/shm3:Layouts/Reproducible.*/mixed4:Reproducible.Ranks*'
-  inproc+=':DeviceReproducible.*:OnDemand.*:OnDemandIb.*:Split.*:IbSetUp.*:-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
+  inproc+=':DeviceReproducible.*:OnDemand.*:OnDemandIb.*:OnDemandShm.*:Split.*:IbSetUp.*:-Collectives.Every64MiB*:Collectives.AllReduce64MiB'
   # The canonical tree's float checks are arithmetic, the same code on every layout: one layout here.
   inproc+=':Layouts/Reproducible.EveryFloatReductionIsTheCanonicalTree/tcp3:Layouts/Reproducible.EveryFloatReductionIsTheCanonicalTree/mixed4'
   # The device matrix and the three-piece ring once per kind of link, not on every mix of them: the
@@ -68,7 +68,7 @@ else
   inproc+=':Tcp/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/3ranks_auto*:Shm/SmallMatrix.*/4ranks_direct*:Links/Soak.*/4ranks_shm'
   inproc+=':Soak.TwoCommunicators*:GradSync.*:Ranks/DataParallel.*:DeviceStaged.*:Paths/DevicePath.*:Links/DeviceMatrix.*/3ranks*'
   inproc+=':Shm/SmallMatrix.*/5ranks_hd*:IbZeroCopy.*:IbGpuDirect.*:*AnySource*:Layouts/Reproducible.*/tcp3'
-  inproc+=':Layouts/Reproducible.*/shm3:OnDemand.*:OnDemandIb.*:Split.*:Store.*Wait*:IbSetUp.*:-*LargeBothDirections*'
+  inproc+=':Layouts/Reproducible.*/shm3:OnDemand.*:OnDemandIb.*:OnDemandShm.*:Split.*:Store.*Wait*:IbSetUp.*:-*LargeBothDirections*'
   # Large counts through the staged device path once (37 s): DeviceStaged.* covers its threads.
   inproc+=':Paths/DevicePath.LargeCountsWithDefaultSlots/staged'
   # Single-threaded plan arithmetic gives ThreadSanitizer nothing to watch (and takes it 100 s); the

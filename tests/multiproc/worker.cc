@@ -53,6 +53,11 @@ int collectives(loom::Communicator& c) {
   const int n = c.size(), me = c.rank();
   for (int p = 0; p < n; ++p)
     if (p != me) std::printf("rank %d link: %s\n", me, c.describeLink(p).c_str());
+  // Every rank describes its links before any goes on to link more (links made on first use). On
+  // one node this all-gather goes through the node's direct area, which needs no link.
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  const int32_t id = me;
+  c.allGather(&id, ids.data(), 1, loom::DataType::Int32);
   for (size_t count : {size_t{2}, size_t{1021}, size_t{65537}, size_t{2} << 20}) {
     std::vector<float> v(count);
     for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((i % 100) + me);

@@ -393,6 +393,9 @@ std::string recordedFailure(const SegmentHeader* seg) {
 }
 
 PeerState probeOwner(SegmentHeader* seg) noexcept {
+  // The owner marks a clean exit before it lets the mutex go; and another prober's trylock below
+  // holds the mutex for a moment, which would read as "alive".
+  if (seg->closed.load(std::memory_order_acquire) != 0) return PeerState::Closed;
 #if defined(__GLIBC__)
   // glibc keeps a robust mutex's holder's thread id in its futex word, and the kernel replaces it
   // with FUTEX_OWNER_DIED when that thread dies. Reading it answers "alive" without the trylock's

@@ -146,6 +146,10 @@ class Segment {
   /// Backs bytes [from, to) of the direct area, before its owner first writes there. Throws
   /// Error(System) naming the segment.
   void backDirect(size_t from, size_t to) const;
+  /// Whether the writer of ring `slot` linked to the owner on first use (requestLink).
+  bool linkedBy(int slot) const {
+    return (header()->linkedBy[slot / 64].load(std::memory_order_acquire) >> (slot % 64) & 1) != 0;
+  }
   /// The writer of ring `slot` linked to the owner on first use: marks it and wakes the owner's
   /// progress thread (even while a thread of the owner attends: only that thread links back).
   void requestLink(int slot) const;

@@ -332,9 +332,11 @@ void ShmTransport::linkTo(int peer) noexcept {
   try {
     const auto began = std::chrono::steady_clock::now();
     const Segment& theirs = theirs_.at(peer);
-    // A peer gone before its first use: named now, as a link made at init names it (shm_failure.cc).
-    const PeerState st = probeOwner(theirs.header());
-    const std::string theirReason = recordedFailure(theirs.header());
+    // A peer gone before its first use that never linked to us (so left nothing to read): named
+    // now, as a link made at init names it (shm_failure.cc). One that did is linked all the same,
+    // and its link reads what it left before it says the peer is gone.
+    const PeerState st = mine_.linkedBy(slotIn(rank_, peer)) ? PeerState::Alive : probeOwner(theirs.header());
+    const std::string theirReason = st == PeerState::Alive ? std::string() : recordedFailure(theirs.header());
     if (st == PeerState::Closed && theirReason.empty()) {
       // A clean exit: this link fails; the communicator lives on, as with a link made at init.
       sink_->linkFailed(peer, Status::error(ErrorCode::Remote,
