@@ -411,7 +411,8 @@ def render_scale(res_doc):
                    "Gloo full mesh: init / first", "links / fds per rank"]
         return table(headers, rows) if rows else ""
 
-    out = ["Default links (one node: shared memory between every pair, made at init):\n\n",
+    out = ["Default links (one node: shared memory between every pair, made at init up to 8 ranks, on first use "
+           "above; an all-reduce within the node reads the ranks' direct areas in place, through no link):\n\n",
            scale_table(SCALE_ROWS, "Loom threads", "Loom processes")]
     tcp = scale_table(SCALE_TCP_ROWS, "Loom threads over TCP", "Loom processes over TCP")
     if tcp:
