@@ -274,13 +274,9 @@ bool Segment::tryAttach(const std::string& name, int self, int owner, const Nonc
   return true;
 }
 
-void Segment::markAttached(int slot) {
-  header()->attached[slot / 64].fetch_or(uint64_t{1} << (slot % 64), std::memory_order_release);
-}
+void Segment::markAttached(int slot) { setSlotBit(header()->attached, slot); }
 
-bool Segment::attachedBy(int slot) const {
-  return (header()->attached[slot / 64].load(std::memory_order_acquire) >> (slot % 64) & 1) != 0;
-}
+bool Segment::attachedBy(int slot) const { return slotBit(header()->attached, slot); }
 
 void Segment::validate(const Segment& seg, int self, int owner, const Nonce& commId) {
   const size_t bytes = seg.bytes_;
@@ -349,7 +345,7 @@ void Segment::backDirect(size_t from, size_t to) const {
 
 void Segment::requestLink(int slot) const {
   SegmentHeader* h = header();
-  h->linkedBy[slot / 64].fetch_or(uint64_t{1} << (slot % 64), std::memory_order_release);
+  setSlotBit(h->linkedBy, slot);
   h->linkRequests.fetch_add(1, std::memory_order_seq_cst);
   h->doorbell.fetch_add(1, std::memory_order_seq_cst);
   if (h->sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&h->doorbell);

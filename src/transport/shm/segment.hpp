@@ -92,6 +92,14 @@ struct SegmentHeader {
   alignas(kCacheLine) uint8_t deviceRecord[512];
 };
 
+/// A header bitmap by ring slot (attached, linkedBy): set with release, read with acquire.
+inline void setSlotBit(std::atomic<uint64_t>* map, int slot) {
+  map[slot / 64].fetch_or(uint64_t{1} << (slot % 64), std::memory_order_release);
+}
+inline bool slotBit(const std::atomic<uint64_t>* map, int slot) {
+  return (map[slot / 64].load(std::memory_order_acquire) >> (slot % 64) & 1) != 0;
+}
+
 /// Records `why` as the owner's failure, if none is recorded yet.
 void recordFailure(SegmentHeader* seg, const std::string& why) noexcept;
 /// The owner's recorded failure, or "".
@@ -147,9 +155,7 @@ class Segment {
   /// Error(System) naming the segment.
   void backDirect(size_t from, size_t to) const;
   /// Whether the writer of ring `slot` linked to the owner on first use (requestLink).
-  bool linkedBy(int slot) const {
-    return (header()->linkedBy[slot / 64].load(std::memory_order_acquire) >> (slot % 64) & 1) != 0;
-  }
+  bool linkedBy(int slot) const { return slotBit(header()->linkedBy, slot); }
   /// The writer of ring `slot` linked to the owner on first use: marks it and wakes the owner's
   /// progress thread (even while a thread of the owner attends: only that thread links back).
   void requestLink(int slot) const;
