@@ -292,6 +292,21 @@ TEST(Shm, ASegmentOfAnotherVersionIsAClearError) {
   EXPECT_EQ(loomSegments(), before);
 }
 
+// The same on a node of 12 (segments attached in rank order, each rank stopping at the first that
+// is not ready, and looking in the store only for the peers it stopped at): every rank, those
+// before the bad segment and after it, and its owner, names what is wrong.
+TEST(Shm, ASegmentOfAnotherVersionIsNamedByEveryRankOfALargeNode) {
+  HookReset reset;
+  const auto before = loomSegments();
+  loom::shm::segmentTestHooks().afterCreate = [](loom::shm::SegmentHeader* h) {
+    if (h->owner == 7) h->version = 99;
+  };
+  auto results = loomtest::runRanks(12, [](loom::Communicator&) {});  // a deadline's error would name no version
+  for (int r = 0; r < 12; ++r)
+    EXPECT_NE(results[r].error.find("version is 99"), std::string::npos) << "rank " << r << ": " << results[r].error;
+  EXPECT_EQ(loomSegments(), before);
+}
+
 // A segment whose header describes another size than its file has (a foreign or overwritten
 // segment of the same name): a clear error naming the segment and its owner, on every rank, and
 // nothing left in /dev/shm.

@@ -77,7 +77,13 @@ bool ShmTransport::reaches(const TransportContext& ctx, int peer) const {
 
 void ShmTransport::attachAll(TransportContext& ctx, const std::vector<int>& peers) {
   const int rank = ctx.rank;
-  std::vector<int> toAttach = peers, toHear = peers;  // whose segment we lack; who lacks ours
+  // Peers are taken in order and a pass stops at the first that is not there yet: every one must
+  // come, and a pass over all that are missing, by every rank of a crowded node while the others
+  // arrive, costs the node O(L^2) lookups per pass.
+  size_t attached = 0, heard = 0;  // peers[0, attached) are attached; peers[0, heard) attached ours
+  std::vector<std::string> names;
+  names.reserve(peers.size());
+  for (int p : peers) names.push_back(Segment::nameFor(ctx.commId, p));
   // Only a peer that gave up says so through the store: looked at now and then, less often the
   // longer the wait, so that a node of waiting ranks does not load the store's host.
   auto look = std::chrono::milliseconds(5);
@@ -85,40 +91,34 @@ void ShmTransport::attachAll(TransportContext& ctx, const std::vector<int>& peer
   auto nap = std::chrono::microseconds(100);
   for (;;) {
     bool progress = false;
-    std::vector<int> still;
-    for (int p : toAttach) {
+    for (; attached < peers.size(); ++attached) {
+      const int p = peers[attached];
       Segment seg;
       bool ready = false;
       try {
-        ready = Segment::tryAttach(Segment::nameFor(ctx.commId, p), rank, p, ctx.commId, &seg);
+        ready = Segment::tryAttach(names[attached], rank, p, ctx.commId, &seg);
       } catch (const Error&) {
         peerGaveUp(ctx, p);  // its segment went because it failed: say why it did
         throw;
       }
-      if (!ready) {
-        still.push_back(p);
-        continue;
-      }
+      if (!ready) break;
       seg.markAttached(slotIn(p, rank));
       theirs_[p] = std::move(seg);
       progress = true;
     }
-    toAttach.swap(still);
-    still.clear();
-    for (int p : toHear)
-      if (!mine_.attachedBy(slotIn(rank, p))) still.push_back(p);
-    progress = progress || still.size() < toHear.size();
-    toHear.swap(still);
-    if (toAttach.empty() && toHear.empty()) return;
+    for (; heard < peers.size() && mine_.attachedBy(slotIn(rank, peers[heard])); ++heard) progress = true;
+    if (attached == peers.size() && heard == peers.size()) return;
 
     const auto now = std::chrono::steady_clock::now();
     if (now >= nextLook || ctx.deadline.expired()) {
+      // The peers the passes stopped at: one that gave up holds every rank at it (a rank it held
+      // back gives up in turn, naming it), so two keys a look tell what the whole list would.
       std::vector<std::string> keys;
       std::vector<int> whose;
-      for (const auto* list : {&toAttach, &toHear})
-        for (int p : *list) {
-          keys.push_back("shm/" + std::to_string(p));
-          whose.push_back(p);
+      for (size_t i : {attached, heard})
+        if (i < peers.size() && (whose.empty() || whose[0] != peers[i])) {
+          keys.push_back("shm/" + std::to_string(peers[i]));
+          whose.push_back(peers[i]);
         }
       const auto said = ctx.store->tryGetMany(keys);
       for (size_t i = 0; i < said.size(); ++i)
@@ -127,13 +127,13 @@ void ShmTransport::attachAll(TransportContext& ctx, const std::vector<int>& peer
       nextLook = now + look;
     }
     if (ctx.deadline.expired()) {
-      if (!toAttach.empty()) {
-        const int p = toAttach.front();
+      if (attached < peers.size()) {
+        const int p = peers[attached];
         LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
                         strFormat("rank %d did not create its shared-memory segment /dev/shm%s within %.0f s", p,
-                                  Segment::nameFor(ctx.commId, p).c_str(), ctx.deadline.totalSeconds()));
+                                  names[attached].c_str(), ctx.deadline.totalSeconds()));
       }
-      const int p = toHear.front();
+      const int p = peers[heard];
       LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
                       strFormat("rank %d did not attach shared-memory segment /dev/shm%s within %.0f s", p,
                                 mine_.name().c_str(), ctx.deadline.totalSeconds()));
