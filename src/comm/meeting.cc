@@ -1,7 +1,9 @@
 #include "comm/meeting.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "bootstrap/store_protocol.hpp"
 #include "comm/flight_recorder.hpp"
@@ -54,13 +56,14 @@ StoreMeeting::StoreMeeting(Store& store, int rank, int size, std::string name, s
 
 std::optional<Bytes> StoreMeeting::arrive(const std::string& counter, const std::string& marker,
                                           const Deadline& deadline, std::vector<int>* missing,
-                                          const std::function<Bytes()>& announce) {
+                                          const std::function<Bytes()>& announce, bool wait) {
   const std::string all = counter + "/all";
   if (store_.add(counter, 1) == size_) {
     Bytes value = announce ? announce() : Bytes{'1'};
     store_.set(all, value);
     return value;
   }
+  if (!wait) return Bytes{};
   if (auto value = store_.get(all, deadline)) return value;
   // Who is missing: asked once, on the way to an error.
   std::vector<std::string> keys;
@@ -119,14 +122,51 @@ std::vector<Bytes> StoreMeeting::swap(const Bytes& mine, const std::string& fail
 }
 
 void StoreMeeting::done(const std::string& failed, const Deadline& deadline) {
+  const std::string me = std::to_string(rank_);
+  auto say = [&] {
+    store_.setString("ready/" + me, failed.empty() ? std::string("1") : failedMark(failed));
+    if (!failed.empty()) store_.add("ready-failed", 1);
+  };
+  // The last one in (each rank said its word before it counted in) hands out "1", or, where some
+  // rank failed, the first one's word: "failed: <rank>\n<why>".
+  auto verdict = [&] {
+    if (store_.add("ready-failed", 0) == 0) return Bytes{'1'};
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back("ready/" + std::to_string(r));
+    std::vector<Bytes> words;
+    std::vector<std::string> missing;
+    store_.getAll(keys, deadline, &words, &missing);
+    std::vector<int> bad;
+    std::string why;
+    for (size_t r = 0; r < words.size(); ++r) {
+      const std::string w = textOf(words[r]);
+      if (w.rfind(kFailed, 0) != 0) continue;
+      bad.push_back(static_cast<int>(r));
+      if (why.empty()) why = w.substr(std::strlen(kFailed));
+    }
+    const std::string v = bad.empty()
+                              ? std::string("1")
+                              : strFormat("%s%d\nrank(s) %s failed setting up their links; rank %d: %s", kFailed,
+                                          bad.front(), rankList(bad).c_str(), bad.front(), why.c_str());
+    return Bytes(v.begin(), v.end());
+  };
+  std::vector<int> absent;
   if (!failed.empty()) {
-    // The others learn why from the link that fails or from this rank's last word; they stop
-    // waiting for it at their deadline.
+    // Counts itself in and goes to throw its own error, which a store gone too must not replace.
+    try {
+      say();
+      arrive("ready", "ready/", deadline, &absent, verdict, /*wait=*/false);
+    } catch (const std::exception&) {
+      // The others then wait for this rank's word until their deadline, as they would have.
+    }
     return;
   }
-  store_.setString("ready/" + std::to_string(rank_), "1");
-  std::vector<int> absent;
-  if (!arrive("ready", "ready/", deadline, &absent)) {
+  // The others wait, even where every link is made on first use: ranks that went on at once would
+  // take the cores of the ranks still setting up (on a crowded machine their polling made init
+  // slower, not faster).
+  say();
+  const std::optional<Bytes> said = arrive("ready", "ready/", deadline, &absent, verdict);
+  if (!said) {
     if (absent.empty()) {
       LOOM_THROW(ErrorCode::Timeout, rank_,
                  strFormat("every rank set up its links, but the last one to finish did not say so within %.0f s: it "
@@ -137,6 +177,11 @@ void StoreMeeting::done(const std::string& failed, const Deadline& deadline) {
                strFormat("rank(s) %s did not finish connecting within %.0f s", rankList(absent).c_str(),
                          deadline.totalSeconds()));
   }
+  const std::string text = textOf(*said);
+  if (text.rfind(kFailed, 0) != 0) return;
+  const size_t nl = text.find('\n');
+  const int peer = std::atoi(text.c_str() + std::strlen(kFailed));
+  LOOM_THROW_PEER(ErrorCode::Remote, rank_, peer, nl == std::string::npos ? text : text.substr(nl + 1));
 }
 
 Bytes JoinStore::takeRecord() {

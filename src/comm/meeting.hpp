@@ -60,15 +60,19 @@ class StoreMeeting : public Meeting {
   StoreMeeting(Store& store, int rank, int size, std::string name, std::string endpoint, bool hosting);
   std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline,
                           bool linksAtInit) override;
+  /// Every rank says how its set-up went, a failed one too (without waiting); the last one in
+  /// hands out the first failure, so that the others name it at once, not at their deadline.
   void done(const std::string& failed, const Deadline& deadline) override;
 
  private:
   /// Counts this rank in at `counter` and waits for all: the last one in sets counter/all to
   /// `announce()` ("1" without it) and returns that; the others return what it set. Empty on the
   /// deadline, with the ranks whose `marker` key is not set in *missing (none where every rank
-  /// came but the last one in did not set counter/all: it failed or died in between).
+  /// came but the last one in did not set counter/all: it failed or died in between). `wait`
+  /// false: a rank that is not the last one in returns an empty value at once.
   std::optional<Bytes> arrive(const std::string& counter, const std::string& marker, const Deadline& deadline,
-                              std::vector<int>* missing, const std::function<Bytes()>& announce = nullptr);
+                              std::vector<int>* missing, const std::function<Bytes()>& announce = nullptr,
+                              bool wait = true);
 
   Store& store_;
   int rank_, size_;

@@ -307,6 +307,28 @@ TEST(Shm, ASegmentOfAnotherVersionIsNamedByEveryRankOfALargeNode) {
   EXPECT_EQ(loomSegments(), before);
 }
 
+// Two nodes of 6, every link made on first use: the odd node's shared memory fails (rank 7's
+// segment is of another version), so its ranks fail; the even node's ranks, which link nothing
+// with them at init, hear it at the end of init (every rank says how its set-up went) and name
+// them at once, where they used to wait out their init deadline.
+TEST(Shm, ANodeWhoseSetUpFailedIsNamedAtOnceByTheOtherNode) {
+  HookReset reset;
+  loomtest::TransportSetup links("mixed");  // even ranks on one "node", odd ranks on another
+  loom::shm::segmentTestHooks().afterCreate = [](loom::shm::SegmentHeader* h) {
+    if (h->owner == 7) h->version = 99;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = loomtest::runRanks(12, [](loom::Communicator&) {});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));  // the deadline is 30 s
+  for (int r = 0; r < 12; ++r) {
+    EXPECT_NE(results[r].error.find("version is 99"), std::string::npos) << "rank " << r << ": " << results[r].error;
+    if (r % 2 == 0) {
+      EXPECT_NE(results[r].error.find("failed setting up their links"), std::string::npos)
+          << "rank " << r << ": " << results[r].error;
+    }
+  }
+}
+
 // A segment whose header describes another size than its file has (a foreign or overwritten
 // segment of the same name): a clear error naming the segment and its owner, on every rank, and
 // nothing left in /dev/shm.

@@ -1,11 +1,13 @@
 // The store meeting's errors where the store says who is missing: ranks that never came are
 // named, and where every rank came but the last one in never handed out what the others wait
-// for, the error says that instead of naming no one. The join store: the records swapped answer
-// reads without the store, and a record that says its rank failed, or does not decode, is named.
+// for, the error says that instead of naming no one; a rank whose set-up failed is named at
+// once. The join store: the records swapped answer reads without the store, and a record that
+// says its rank failed, or does not decode, is named.
 #include "comm/meeting.hpp"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,9 +27,10 @@ using loom::Bytes;
 // in had counted itself in and died before it set what the others wait for.
 class LosingStore : public loom::Store {
  public:
+  explicit LosingStore(bool lose = true) : lose_(lose) {}
   void set(const std::string& key, const Bytes& value) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (key.size() >= 4 && key.compare(key.size() - 4, 4, "/all") == 0) return;
+    if (lose_ && key.size() >= 4 && key.compare(key.size() - 4, 4, "/all") == 0) return;
     values_[key] = value;
   }
   std::optional<Bytes> tryGet(const std::string& key) override {
@@ -42,6 +45,7 @@ class LosingStore : public loom::Store {
   }
 
  private:
+  const bool lose_;
   std::mutex mu_;
   std::map<std::string, Bytes> values_;
   std::map<std::string, int64_t> counts_;
@@ -92,6 +96,23 @@ TEST(Meeting, ADoneNeverSaidIsNamedAsSuch) {
     EXPECT_NE(e.find("every rank set up its links, but the last one to finish did not say so"), std::string::npos) << e;
   }
   EXPECT_EQ(told, 2);
+}
+
+// A rank whose set-up failed says so in the meeting's last step: the ranks waiting there name it,
+// and why, at once, not at their deadline.
+TEST(Meeting, ARankThatFailedItsSetUpIsNamedAtOnce) {
+  LosingStore store(/*lose=*/false);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto errors = meet(store, 3, [](loom::detail::StoreMeeting& m, int r) {
+    m.done(r == 1 ? "no room in /dev/shm" : "", loom::Deadline(std::chrono::seconds(20)));
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(errors[1], "");  // its caller throws its own error
+  for (int r : {0, 2})
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank(s) 1 failed setting up their links; rank 1: no room in "
+                                                  "/dev/shm"),
+              std::string::npos)
+        << errors[static_cast<size_t>(r)];
 }
 
 TEST(Meeting, RanksThatNeverCameAreNamed) {
