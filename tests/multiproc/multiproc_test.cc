@@ -185,6 +185,41 @@ TEST(SharedMemory, LinksOnFirstUseCarryTheCollectives) {
   EXPECT_EQ(loomSegments(), before);
 }
 
+// A /dev/shm with no room for what links made on first use back (a tmpfs of 3 MiB in a mount
+// namespace of its own, 10 ranks): init fits; the first link whose ring (1 MiB) finds no room, or
+// the first collective whose direct area (8 MiB) does, fails with an error naming the segment, not
+// SIGBUS at the first write; loomrun ends with that failure. Needs root (mount namespaces), as CI
+// has.
+TEST(SharedMemory, AFullDevShmAtFirstUseIsAClearErrorNotACrash) {
+  if (geteuid() != 0 || std::system("unshare --mount --propagation private true >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "needs root and mount namespaces (unshare --mount)";
+  struct Case {
+    const char* scenario;
+    const char* ringBytes;
+    const char* directBytes;
+    const char* said;
+  };
+  for (const Case& k :
+       {Case{"fan", "1048576", "65536", "cannot back the ring of 1048576 bytes this rank writes in rank "},
+        Case{"collectives", "65536", "8388608", "cannot back this rank's shared-memory direct area"}}) {
+    const std::string cmd = "mount -t tmpfs -o size=3m,mode=1777 tmpfs /dev/shm && exec '" + path("LOOMRUN") +
+                            "' -n 10 '" + path("LOOM_TEST_WORKER") + "' " + k.scenario;
+    Env env;
+    env["LOOM_SHM_RING_BYTES"] = k.ringBytes;
+    env["LOOM_SHM_DIRECT_BYTES"] = k.directBytes;
+    env["LOOM_CONNECT"] = "lazy";
+    env["LOOM_TIMEOUT"] = "30";
+    std::string out;
+    const int rc =
+        finish(start({"unshare", "--mount", "--propagation", "private", "--", "sh", "-c", cmd}, env), 90, &out);
+    EXPECT_EQ(rc, 1) << k.scenario << ":\n" << out;
+    EXPECT_NE(out.find(k.said), std::string::npos) << k.scenario << ":\n" << out;
+    EXPECT_NE(out.find("(a full /dev/shm?"), std::string::npos) << k.scenario << ":\n" << out;
+    EXPECT_EQ(out.find("Bus error"), std::string::npos) << k.scenario << ":\n" << out;
+    EXPECT_EQ(out.find("SIGBUS"), std::string::npos) << k.scenario << ":\n" << out;
+  }
+}
+
 // A rank killed with SIGKILL in the middle of shared-memory all-reduces: the others fail within
 // seconds with an error naming it, and /dev/shm holds no segment of the job afterwards; with the
 // links made at init and on first use.

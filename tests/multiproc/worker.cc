@@ -10,6 +10,8 @@
 //              all-reduce (which must fail, naming it); each prints what it saw
 //   hang       a broadcast, then every rank but HANG_RANK all-reduces while HANG_RANK sleeps
 //              outside Loom (prints "hanging"); each prints the error it gets, then exits 1
+//   fan        rank 0 sends to every other rank in turn (a link made on first use each), each of
+//              them receives it; then a barrier (prints "fan ok")
 // With NO_CMA_SECCOMP=1 the process first installs a seccomp filter that makes process_vm_readv
 // fail with EPERM, as container runtimes' default profiles do.
 #include <dirent.h>
@@ -147,6 +149,20 @@ int leave(loom::Communicator& c, size_t count) {
   }
 }
 
+int fan(loom::Communicator& c) {
+  int32_t v = 42;
+  if (c.rank() == 0) {
+    for (int p = 1; p < c.size(); ++p) c.send(&v, 1, loom::DataType::Int32, p);
+  } else {
+    v = 0;
+    c.recv(&v, 1, loom::DataType::Int32, 0);
+    if (v != 42) return 4;
+  }
+  c.barrier();
+  std::printf("rank %d: fan ok\n", c.rank());
+  return 0;
+}
+
 int threads(loom::Communicator& c) {
   c.barrier();
   DIR* d = opendir("/proc/self/task");
@@ -188,6 +204,7 @@ int main(int argc, char** argv) {
     if (scenario == "collectives") return collectives(c);
     if (scenario == "loop") return loop(c);
     if (scenario == "threads") return threads(c);
+    if (scenario == "fan") return fan(c);
     if (scenario == "leave") return leave(c, argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1024);
     if (scenario == "hang") {
       std::vector<float> v(1024, 1.0f);
