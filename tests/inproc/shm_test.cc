@@ -161,6 +161,42 @@ TEST(Shm, TheLivenessProbeTellsAliveDiedAndClosed) {
   EXPECT_EQ(loom::shm::probeOwner(h), PeerState::Closed);
 }
 
+// A probe that finds the mutex held by another rank's probe (which holds it for a moment while it
+// finds the owner dead, or gone cleanly) reads that, not "alive": the owner's thread id in the
+// header tells the owner's hold from a prober's.
+TEST(Shm, TheLivenessProbeIsNotFooledByAnotherProbersHold) {
+  using loom::shm::PeerState;
+  for (const bool clean : {false, true}) {
+    loom::shm::Segment seg =
+        loom::shm::Segment::create("/loom-test-probe2-" + std::to_string(getpid()), 0, 1, 4096, 0, loom::randomNonce());
+    seg.unlink();
+    loom::shm::SegmentHeader* h = seg.header();
+    std::thread owner([&] {
+      pthread_mutex_lock(&h->alive);
+      h->aliveHolder.store(static_cast<int32_t>(gettid()));
+      if (clean) {
+        h->closed.store(1);
+        pthread_mutex_unlock(&h->alive);
+      }
+    });  // died holding the mutex, or closed
+    owner.join();
+    std::atomic<int> stage{0};
+    std::thread prober([&] {  // another rank's probe, caught while it holds the mutex
+      const int rc = pthread_mutex_trylock(&h->alive);
+      EXPECT_EQ(rc, clean ? 0 : EOWNERDEAD);
+      stage = 1;
+      while (stage.load() != 2) std::this_thread::yield();
+      if (rc == EOWNERDEAD) pthread_mutex_consistent(&h->alive);
+      pthread_mutex_unlock(&h->alive);
+    });
+    while (stage.load() != 1) std::this_thread::yield();
+    EXPECT_EQ(loom::shm::probeOwner(h), clean ? PeerState::Closed : PeerState::Died) << "clean " << clean;
+    stage = 2;
+    prober.join();
+    EXPECT_EQ(loom::shm::probeOwner(h), clean ? PeerState::Closed : PeerState::Died) << "clean " << clean;
+  }
+}
+
 // Attaching a peer's segment: absent or not yet ready, ask again; one of another layout version
 // (a peer running another Loom) is named at once, though it never says ready where this one looks.
 TEST(Shm, AttachWaitsForAReadySegmentAndNamesAnotherVersionAtOnce) {

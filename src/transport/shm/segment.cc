@@ -390,7 +390,7 @@ std::string recordedFailure(const SegmentHeader* seg) {
 
 PeerState probeOwner(SegmentHeader* seg) noexcept {
   // The owner marks a clean exit before it lets the mutex go; and another prober's trylock below
-  // holds the mutex for a moment, which would read as "alive".
+  // holds the mutex for a moment, which would read as "alive" (aliveHolder tells them apart).
   if (seg->closed.load(std::memory_order_acquire) != 0) return PeerState::Closed;
 #if defined(__GLIBC__)
   // glibc keeps a robust mutex's holder's thread id in its futex word, and the kernel replaces it
@@ -398,7 +398,13 @@ PeerState probeOwner(SegmentHeader* seg) noexcept {
   // compare-and-swap, which takes the line for writing: every rank of a node probes every peer's
   // mutex several times a second.
   const auto word = static_cast<uint32_t>(__atomic_load_n(&seg->alive.__data.__lock, __ATOMIC_ACQUIRE));
-  if ((word & FUTEX_TID_MASK) != 0 && (word & FUTEX_OWNER_DIED) == 0) return PeerState::Alive;
+  if ((word & FUTEX_TID_MASK) != 0 && (word & FUTEX_OWNER_DIED) == 0) {
+    // Held: by the owner's thread, or for a moment by another rank's probe (then the owner let
+    // it go or died, and this probe would otherwise read "alive" until that one lets it go).
+    const auto holder = static_cast<uint32_t>(seg->aliveHolder.load(std::memory_order_acquire));
+    if (holder == 0 || holder == (word & FUTEX_TID_MASK)) return PeerState::Alive;
+    return seg->closed.load(std::memory_order_acquire) != 0 ? PeerState::Closed : PeerState::Died;
+  }
 #endif
   int rc = pthread_mutex_trylock(&seg->alive);
   if (rc == EBUSY) return PeerState::Alive;

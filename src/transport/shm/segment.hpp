@@ -32,7 +32,7 @@ namespace loom {
 namespace shm {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cULL;  // "LOOMSHM1"
-constexpr uint32_t kSegmentVersion = 6;                    // 6: link requests (links made on first use)
+constexpr uint32_t kSegmentVersion = 7;                    // 7: the holder of the liveness mutex
 constexpr int kMaxSlots = 4096;                            // local peers a segment has rings for
 constexpr size_t kCacheLine = 64;
 
@@ -65,7 +65,10 @@ struct SegmentHeader {
   /// reads what arrives there without a receive of its own posted first.
   alignas(kCacheLine) std::atomic<uint64_t> linkedBy[kMaxSlots / 64];
   std::atomic<uint32_t> linkRequests;
-  alignas(kCacheLine) pthread_mutex_t alive;           ///< robust; held by the owner's progress thread
+  alignas(kCacheLine) pthread_mutex_t alive;  ///< robust; held by the owner's progress thread
+  /// The thread id (as the owner sees it) of that thread, set once it holds `alive`: another
+  /// rank's probe may hold the mutex for a moment, which must not read as the owner alive.
+  std::atomic<int32_t> aliveHolder;
   alignas(kCacheLine) std::atomic<uint32_t> doorbell;  ///< bumped by every writer; futex word
   std::atomic<uint32_t> sleepers;                      ///< owner threads asleep on the doorbell
   /// Owner threads inside an operation that poll the rings themselves: writers need not ring.

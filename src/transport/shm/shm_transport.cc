@@ -299,11 +299,15 @@ void ShmTransport::createMine(TransportContext& ctx, bool backRings) {
                           backRings);
   SegmentHeader* header = mine_.header();
   engine_ = &ctx.engineFor(WakeWord{&header->doorbell, &header->sleepers, &header->attending, &header->waiters});
-  engine_->start([header] { pthread_mutex_lock(&header->alive); },
-                 [header] {
-                   header->closed.store(1);
-                   pthread_mutex_unlock(&header->alive);
-                 });
+  engine_->start(
+      [header] {
+        pthread_mutex_lock(&header->alive);
+        header->aliveHolder.store(static_cast<int32_t>(gettid()), std::memory_order_release);
+      },
+      [header] {
+        header->closed.store(1);
+        pthread_mutex_unlock(&header->alive);
+      });
   mine_.markReady();
 }
 
