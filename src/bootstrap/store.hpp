@@ -50,6 +50,10 @@ class Store {
   virtual std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit);
   /// Waits until `key` is set or `deadline` passes, each request bounded by `limit`.
   std::optional<Bytes> getBounded(const std::string& key, const Deadline& deadline, std::chrono::milliseconds limit);
+
+  /// Whether the store's host is known to be this machine: what it sends this rank then crosses no
+  /// network. False where it cannot tell.
+  virtual bool hostedHere() const { return false; }
 };
 
 /// Keys of `base` under "prefix/". Shares ownership of base.
@@ -81,6 +85,7 @@ class PrefixStore : public Store {
   std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit) override {
     return base_->tryGetBounded(prefix_ + key, limit);
   }
+  bool hostedHere() const override { return base_->hostedHere(); }
 
  private:
   std::string prefix_;

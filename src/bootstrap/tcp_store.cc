@@ -61,6 +61,7 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, const JobKey& 
                              "LOOM_JOB_KEY to all ranks of one job",
                              endpoint_.c_str()));
       }
+      hostedHere_ = localAddress(s.fd()).host() == peerAddress(s.fd()).host();
       sock_ = std::move(s);
       break;
     }

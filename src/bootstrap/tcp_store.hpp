@@ -30,6 +30,9 @@ class TcpStoreClient : public Store {
   std::optional<Bytes> tryGetBounded(const std::string& key, std::chrono::milliseconds limit) override;
   std::vector<std::optional<Bytes>> tryGetMany(const std::vector<std::string>& keys) override;
   void setMany(const std::vector<std::pair<std::string, Bytes>>& pairs) override;
+  /// True when the server answered at an address of this machine (the connection's two ends share
+  /// one address: a connection to oneself).
+  bool hostedHere() const override { return hostedHere_; }
 
   /// "host:port" of the server.
   const std::string& endpoint() const { return endpoint_; }
@@ -42,6 +45,7 @@ class TcpStoreClient : public Store {
   std::string endpoint_;
   int rank_;
   std::chrono::milliseconds opTimeout_;
+  bool hostedHere_ = false;
   std::mutex mu_;
   Socket sock_;
 };

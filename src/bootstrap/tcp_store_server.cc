@@ -25,6 +25,7 @@ constexpr size_t kMaxClients = 65536;
 
 std::atomic<uint64_t> served{0};
 std::atomic<uint64_t> keysRead{0};
+std::atomic<uint64_t> bytesSent{0};
 
 }  // namespace
 
@@ -118,6 +119,8 @@ uint64_t TcpStoreServer::servedInProcess() { return served.load(std::memory_orde
 
 uint64_t TcpStoreServer::keysReadInProcess() { return keysRead.load(std::memory_order_relaxed); }
 
+uint64_t TcpStoreServer::bytesSentInProcess() { return bytesSent.load(std::memory_order_relaxed); }
+
 void TcpStoreServer::answerWaits() {
   // A request answered here may unblock a later one of the same client that sets a key another
   // waits for: go round until nothing changes (each round answers at least one wait or stops).
@@ -138,6 +141,7 @@ void TcpStoreServer::answerWaits() {
       c.waiting = false;
       const Bytes reply = it != data_.end() ? storewire::encodeReply(storewire::Reply::Ok, it->second)
                                             : storewire::encodeReply(storewire::Reply::NotFound, {});
+      bytesSent.fetch_add(reply.size(), std::memory_order_relaxed);
       c.out.insert(c.out.end(), reply.begin(), reply.end());
       if (!handleRequests(c) || !flush(c)) drop.push_back(fd);
     }
@@ -329,6 +333,7 @@ bool TcpStoreServer::handleRequests(Client& c) {
         break;  // answered by answerWaits()
       }
     }
+    bytesSent.fetch_add(reply.size(), std::memory_order_relaxed);
     c.out.insert(c.out.end(), reply.begin(), reply.end());
   }
   c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));

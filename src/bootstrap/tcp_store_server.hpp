@@ -36,6 +36,8 @@ class TcpStoreServer {
   /// Keys looked up for readers (a get, a wait, each key of a many-key get) by every store server
   /// of this process so far: the work a bootstrap gives the store beyond its request count.
   static uint64_t keysReadInProcess();
+  /// Bytes of replies sent by every store server of this process so far (handshakes aside).
+  static uint64_t bytesSentInProcess();
 
  private:
   struct Client;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -35,7 +36,28 @@ LOOM_PARAM_INT(initTimeoutParam, "LOOM_INIT_TIMEOUT", 120,
 LOOM_PARAM_INT(reproducibleParam, "LOOM_REPRODUCIBLE", 0,
                "1: reproducible mode (Options::reproducible): float sum, avg and prod reductions return the same bits "
                "whatever the size, algorithm, transport, buffer location and node layout (docs/reproducibility.md)");
+LOOM_PARAM_STR(recordTreeParam, "LOOM_RECORD_TREE", "auto",
+               "how a new communicator's records reach its ranks: from the store's host to each (off), or down a tree "
+               "of the ranks: auto (from 64 ranks, to those not on the store host's machine) or N (from N ranks, to "
+               "every rank)");
 LOOM_PARAM_INT(socketsPerPeerParam, "LOOM_SOCKETS_PER_PEER", 2, "TCP sockets striped per peer (1 to 16)");
+
+// Whether the records go down a tree (LOOM_RECORD_TREE): their gain is the bytes the store's host
+// need not send to every rank over the network.
+RecordTree recordTree(int size) {
+  RecordTree tree;
+  const std::string setting = recordTreeParam();
+  char* end = nullptr;
+  const long n = std::strtol(setting.c_str(), &end, 10);
+  if (end != setting.c_str() && *end == '\0') {
+    tree.on = n > 0 && size >= n;
+    tree.everyRank = true;
+  } else if (setting != "off") {
+    if (setting != "auto") LOOM_WARN("LOOM_RECORD_TREE=%s is not auto, off or a number; using auto", setting.c_str());
+    tree.on = size >= 64;
+  }
+  return tree;
+}
 
 std::string hostName() {
   char buf[256] = {0};
@@ -81,7 +103,10 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
   // 2. Publish every transport's endpoint, meet the others, link.
   // A join that throws leaves the link table to its destructor, which stops its threads before
   // the links go.
-  StoreMeeting throughStore(*access_.store, rank, size, name_, access_.endpoint, access_.keepAlive != nullptr);
+  RecordTree tree = recordTree(size);
+  tree.key = access_.key;
+  tree.commId = access_.commId;
+  StoreMeeting throughStore(*access_.store, rank, size, name_, access_.endpoint, access_.keepAlive != nullptr, tree);
   join(options, sockets, deadline, origin, meeting != nullptr ? *meeting : throughStore);
   registerForDump(this);
 }

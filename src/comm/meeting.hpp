@@ -6,7 +6,9 @@
 // per rank; the last rank in reads every record once and leaves them in the store as one value,
 // which the others' wait returns. The store's load is a few requests per rank however long the
 // ranks take to come (no rank polls a growing list of keys), and each request asks for one key:
-// the store does not look up and copy N keys for each of N ranks. A communicator
+// the store does not look up and copy N keys for each of N ranks. In a large communicator the
+// records go down a tree of the ranks instead (RecordTree): the others' wait returns a few bytes,
+// and the store's host sends the N records to one rank, not to N. A communicator
 // split from another meets through its parent's links (SplitMeeting, comm/communicator.cc): no
 // new rendezvous.
 //
@@ -14,6 +16,7 @@
 // becomes the record, and the records, once swapped, answer reads before the store is asked.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -23,10 +26,12 @@
 #include <utility>
 #include <vector>
 
+#include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
 #include "core/deadline.hpp"
 
 namespace loom {
+class FanOutListener;
 namespace detail {
 
 class Meeting {
@@ -53,11 +58,26 @@ class JoinStore;
 /// says it failed or does not decode.
 void learnRecords(JoinStore& store, std::vector<Bytes> records, int rank);
 
+/// How StoreMeeting hands out the records. With `on`, a rank that does not share the store host's
+/// machine (every rank with `everyRank`) listens for them, and where one does, the last rank in
+/// gives them to the store once and to the top of a tree of the ranks (fan-out 4,
+/// bootstrap/record_fanout.hpp): each rank passes them on to its children, and reads them from
+/// the store where it does not listen or has them from no one within `wait`.
+struct RecordTree {
+  bool on = false;
+  bool everyRank = false;
+  JobKey key{};
+  Nonce commId{};
+  std::chrono::milliseconds wait{2000};
+  bool passOn = true;  // false (tests): this rank's children read the records from the store
+};
+
 /// Meets through the communicator's store. `hosting`: this rank hosts the store, and waits a
 /// little longer, so that the others can still ask it who is missing when their deadline passes.
 class StoreMeeting : public Meeting {
  public:
-  StoreMeeting(Store& store, int rank, int size, std::string name, std::string endpoint, bool hosting);
+  StoreMeeting(Store& store, int rank, int size, std::string name, std::string endpoint, bool hosting,
+               RecordTree tree = {});
   std::vector<Bytes> swap(const Bytes& mine, const std::string& failed, const Deadline& deadline,
                           bool linksAtInit) override;
   /// Every rank says how its set-up went, a failed one too (without waiting); the last one in
@@ -73,11 +93,17 @@ class StoreMeeting : public Meeting {
   std::optional<Bytes> arrive(const std::string& counter, const std::string& marker, const Deadline& deadline,
                               std::vector<int>* missing, const std::function<Bytes()>& announce = nullptr,
                               bool wait = true);
+  /// The records (packed) of a swap whose last rank in, `root`, sends them down the tree, from
+  /// this rank's parent there or else the store; `listener`: this rank's (null: it does not listen).
+  Bytes recordsFromTree(int root, FanOutListener* listener, const Deadline& deadline);
+  /// Sends the records to this rank's children in the tree from `root`, those that listen.
+  void passDown(int root, const Bytes& packed, const std::vector<Bytes>& records, const Deadline& deadline);
 
   Store& store_;
   int rank_, size_;
   std::string name_, endpoint_;
   bool hosting_;
+  RecordTree tree_;
 };
 
 /// The store a joining rank's transports publish to and read from.
@@ -103,6 +129,7 @@ class JoinStore : public Store {
   std::vector<std::optional<Bytes>> tryGetMany(const std::vector<std::string>& keys) override;
   std::optional<Bytes> get(const std::string& key, const Deadline& deadline) override;
   int64_t add(const std::string& key, int64_t delta) override { return base_->add(key, delta); }
+  bool hostedHere() const override { return base_->hostedHere(); }
   bool setBounded(const std::string& key, const Bytes& value, std::chrono::milliseconds limit) override {
     return base_->setBounded(key, value, limit);
   }

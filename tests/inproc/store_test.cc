@@ -251,6 +251,38 @@ TEST(Store, AnInitReadsAFewKeysPerRank) {
   }
 }
 
+// With the records going down a tree of the ranks (LOOM_RECORD_TREE), the store's host sends them
+// once, not to every rank: the bytes it sends grow with N, not N². The communicators work, and so
+// do groups made from them.
+TEST(Store, RecordsDownATreeLeaveTheStoreAFewBytesPerRank) {
+  loomtest::TransportSetup links("tcp");
+  const int n = 24;
+  uint64_t sent[2] = {0, 0};
+  for (int tree : {0, 1}) {
+    loomtest::EnvGuard setting("LOOM_RECORD_TREE", tree ? "2" : "off");
+    const uint64_t before = TcpStoreServer::bytesSentInProcess();
+    std::atomic<uint64_t> after{0};
+    loomtest::runOk(n, [&](loom::Communicator& c) {
+      c.barrier();
+      if (c.rank() == 0) after = TcpStoreServer::bytesSentInProcess();
+      std::vector<int64_t> v{c.rank() + 1};
+      c.allReduce(v.data(), v.data(), 1, loom::DataType::Int64, loom::ReduceOp::Sum);
+      EXPECT_EQ(v[0], int64_t{n} * (n + 1) / 2);
+      // Groups of 8 made from it meet through its store: their records go down trees too.
+      std::vector<int> members;
+      for (int r = c.rank() % 3; r < n; r += 3) members.push_back(r);
+      loom::Communicator part = c.group(members, "third " + std::to_string(c.rank() % 3));
+      int64_t one = 1;
+      part.allReduce(&one, &one, 1, loom::DataType::Int64, loom::ReduceOp::Sum);
+      EXPECT_EQ(one, 8);
+    });
+    sent[tree] = after - before;
+  }
+  std::printf("[ store ] init of %d ranks: the store sent %llu bytes, %llu with the records down a tree\n", n,
+              static_cast<unsigned long long>(sent[0]), static_cast<unsigned long long>(sent[1]));
+  EXPECT_LT(sent[1] * 4, sent[0]);
+}
+
 // Requests a client sends behind a wait are served after it, in order: a set queued behind a wait
 // for its own key does not answer that wait.
 TEST(Store, RequestsBehindAWaitKeepTheirOrder) {

@@ -480,6 +480,24 @@ TEST(Loomrun, ManyRanksAndPrefixes) {
     EXPECT_NE(out.find("[" + std::to_string(r) + "] rank " + std::to_string(r) + " of 8 ok"), std::string::npos) << out;
 }
 
+// Processes whose records go down a tree of the ranks (LOOM_RECORD_TREE=2: every rank, though
+// all share the store host's machine): each one gets them from its parent in the tree (none reads
+// them from the store), and the collectives' checks pass.
+TEST(Loomrun, RecordsDownATreeOfProcesses) {
+  std::string out;
+  Env env;
+  env["LOOM_RECORD_TREE"] = "2";
+  env["LOOM_DEBUG"] = "INFO";
+  EXPECT_EQ(finish(start({path("LOOMRUN"), "-n", "13", path("LOOM_TEST_WORKER"), "collectives"}, env), 120, &out), 0)
+      << out;
+  int fromParent = 0;
+  for (size_t at = 0; (at = out.find("from its parent in their tree", at)) != std::string::npos; ++at) ++fromParent;
+  EXPECT_EQ(fromParent, 12) << out;  // all but the root, the last one in
+  for (int r = 0; r < 13; ++r) EXPECT_NE(out.find("rank " + std::to_string(r) + " of 13 ok"), std::string::npos) << r;
+  EXPECT_EQ(out.find("reading them from the store"), std::string::npos) << out;
+  EXPECT_EQ(out.find("could not send the records"), std::string::npos) << out;
+}
+
 TEST(LauncherEnv, TorchrunVariables) {
   const std::string port = std::to_string(freePort());
   runWorkers(3, [&](int r) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "bootstrap/auth.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "core/status.hpp"
 
@@ -37,15 +39,28 @@ class LosingStore : public loom::Store {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = values_.find(key);
     if (it == values_.end()) return std::nullopt;
+    bytesRead_ += it->second.size();
+    ++reads_[key];
     return it->second;
   }
   int64_t add(const std::string& key, int64_t delta) override {
     std::lock_guard<std::mutex> lock(mu_);
     return counts_[key] += delta;
   }
+  /// The bytes of every value read so far, and how often `key` was read.
+  size_t bytesRead() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bytesRead_;
+  }
+  int readsOf(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reads_[key];
+  }
 
  private:
   const bool lose_;
+  size_t bytesRead_ = 0;
+  std::map<std::string, int> reads_;
   std::mutex mu_;
   std::map<std::string, Bytes> values_;
   std::map<std::string, int64_t> counts_;
@@ -53,12 +68,12 @@ class LosingStore : public loom::Store {
 
 // Runs `ranks` ranks of a meeting over `store`, each doing `step`; the error of each (empty: none).
 template <typename Step>
-std::vector<std::string> meet(loom::Store& store, int ranks, Step step) {
+std::vector<std::string> meet(loom::Store& store, int ranks, Step step, loom::detail::RecordTree tree = {}) {
   std::vector<std::string> errors(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
-      loom::detail::StoreMeeting m(store, r, ranks, "test", "memory", false);
+      loom::detail::StoreMeeting m(store, r, ranks, "test", "memory", false, tree);
       try {
         step(m, r);
       } catch (const loom::Error& e) {
@@ -136,7 +151,96 @@ Bytes recordOf(int rank, const std::string& host) {
                                        {"empty/" + r, Bytes{}}});
 }
 
+loom::detail::RecordTree treeFor(std::chrono::milliseconds wait, bool passOn = true) {
+  loom::detail::RecordTree tree;
+  tree.on = tree.everyRank = true;
+  tree.key = loom::deriveJobKey("meeting test");
+  tree.commId = loom::randomNonce();
+  tree.wait = wait;
+  tree.passOn = passOn;
+  return tree;
+}
+
+// Swaps `ranks` records through a tree; checks that every rank got every record, its own
+// included, in rank order.
+std::vector<std::string> swapInTree(LosingStore& store, int ranks, const loom::detail::RecordTree& tree) {
+  std::vector<std::vector<Bytes>> got(static_cast<size_t>(ranks));
+  auto errors = meet(
+      store, ranks,
+      [&](loom::detail::StoreMeeting& m, int r) {
+        got[static_cast<size_t>(r)] = m.swap(recordOf(r, "node"), "", loom::Deadline(std::chrono::seconds(60)), false);
+      },
+      tree);
+  for (int r = 0; r < ranks; ++r) {
+    const auto& records = got[static_cast<size_t>(r)];
+    EXPECT_EQ(records.size(), static_cast<size_t>(ranks)) << "rank " << r;
+    for (size_t q = 0; q < records.size(); ++q) {
+      // Each record as written, and the address its rank listens on for the records.
+      std::vector<std::pair<std::string, Bytes>> pairs;
+      std::string why;
+      if (!loom::storewire::decodePairs(records[q], &pairs, &why) || pairs.size() != 4) {
+        ADD_FAILURE() << "rank " << r << ", record " << q << ": " << why << ", " << pairs.size() << " pairs";
+        continue;
+      }
+      EXPECT_EQ(loom::storewire::encodePairs({pairs[0], pairs[1], pairs[2]}), recordOf(static_cast<int>(q), "node"));
+      EXPECT_EQ(pairs[3].first, "fanout/" + std::to_string(q));
+    }
+  }
+  return errors;
+}
+
+// In a tree, the store hands out the records once (to the last rank in, which leaves them there
+// for whoever gets them from no one) and a few bytes to every other rank: 21 ranks, three levels.
+TEST(Meeting, RecordsGoDownATreeOfTheRanksNotFromTheStoreToEach) {
+  LosingStore store(/*lose=*/false);
+  const int ranks = 21;
+  const auto errors = swapInTree(store, ranks, treeFor(std::chrono::seconds(30)));
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(store.readsOf("joined/records"), 0);
+  size_t recordBytes = 0;
+  for (int r = 0; r < ranks; ++r) recordBytes += store.tryGet("record/" + std::to_string(r))->size();
+  const size_t read = store.bytesRead() - recordBytes;  // the tryGets just now
+  // The records once (the last rank's gather), and a few bytes per rank beside: without the tree
+  // every rank reads them all (21 times as many).
+  std::printf("[ meeting ] %d ranks: the store gave %zu bytes, the records are %zu\n", ranks, read, recordBytes);
+  EXPECT_LE(read, recordBytes + 64u * ranks);
+}
+
+// A rank that passes nothing on leaves its children to read the records from the store once
+// their wait is over: here no rank passes them on, so every rank but the last one in does.
+TEST(Meeting, RanksThatGetTheRecordsFromNoOneReadThemFromTheStore) {
+  LosingStore store(/*lose=*/false);
+  const int ranks = 9;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto errors = swapInTree(store, ranks, treeFor(std::chrono::milliseconds(200), /*passOn=*/false));
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(store.readsOf("joined/records"), ranks - 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+}
+
 Bytes text(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+// A rank that failed before it had a record does not listen: it reads the records from the store,
+// passes them on to its children all the same, and every rank has its failure in its place.
+TEST(Meeting, ARankThatFailedBeforeItsRecordTakesPartInTheTree) {
+  LosingStore store(/*lose=*/false);
+  const int ranks = 9;
+  std::vector<std::vector<Bytes>> got(ranks);
+  const auto errors = meet(
+      store, ranks,
+      [&](loom::detail::StoreMeeting& m, int r) {
+        got[static_cast<size_t>(r)] =
+            m.swap(recordOf(r, "node"), r == 4 ? "no interface" : "", loom::Deadline(std::chrono::seconds(60)), false);
+      },
+      treeFor(std::chrono::seconds(30)));
+  const std::string mark = loom::detail::failedMark("no interface");
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "");
+    ASSERT_EQ(got[static_cast<size_t>(r)].size(), static_cast<size_t>(ranks)) << r;
+    EXPECT_EQ(got[static_cast<size_t>(r)][4], Bytes(mark.begin(), mark.end())) << r;
+  }
+  EXPECT_LE(store.readsOf("joined/records"), 1);  // rank 4 alone, unless it was the last one in
+}
 
 TEST(JoinStore, LearnedRecordsAnswerReadsWithoutTheStore) {
   auto base = std::make_shared<LosingStore>();
