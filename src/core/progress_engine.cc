@@ -1,6 +1,7 @@
 #include "core/progress_engine.hpp"
 
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -19,7 +20,23 @@ namespace loom {
 ProgressEngine::ProgressEngine(int rank) : rank_(rank) {
   epollFd_ = epoll_create1(EPOLL_CLOEXEC);
   wakeFd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (epollFd_ < 0 || wakeFd_ < 0) LOOM_THROW(ErrorCode::System, rank, "epoll/eventfd: " + errnoText(errno));
+  if (epollFd_ < 0 || wakeFd_ < 0) {
+    const int err = errno;
+    // The constructor throws: no destructor closes what was made.
+    if (epollFd_ >= 0) ::close(epollFd_);
+    if (wakeFd_ >= 0) ::close(wakeFd_);
+    rlimit limit{};
+    std::string advice;
+    if (err == EMFILE && getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      advice = strFormat(": this process holds as many descriptors as its soft limit allows (%llu); raise the limit "
+                         "(ulimit -n)",
+                         static_cast<unsigned long long>(limit.rlim_cur));
+    } else if (err == ENFILE) {
+      advice = ": the system's descriptor table is full (sysctl fs.file-max)";
+    }
+    LOOM_THROW(ErrorCode::System, rank,
+               strFormat("cannot make a progress engine (epoll, eventfd): %s%s", errnoText(err).c_str(), advice.c_str()));
+  }
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the wake-up fd

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdint>
 
@@ -13,6 +14,7 @@
 #include "bootstrap/rendezvous.hpp"
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
+#include "core/progress_engine.hpp"
 #include "net/socket.hpp"
 
 namespace {
@@ -83,6 +85,35 @@ TEST(Descriptors, ALimitThatMayNotBeRaisedIsAClearErrorOnEveryRank) {
     EXPECT_NE(e.find("cannot link 7 peers"), std::string::npos) << "rank " << r << ": " << e;
     EXPECT_NE(e.find("ulimit -n"), std::string::npos) << "rank " << r << ": " << e;
     EXPECT_NE(e.find("LOOM_RAISE_FD_LIMIT=0"), std::string::npos) << "rank " << r << ": " << e;
+  }
+}
+
+// A progress engine (each communicator makes two) that finds no descriptor left says so, with the
+// limit and what to do, and keeps none of those it made: with none free, and with one (its epoll
+// made, its eventfd not).
+TEST(Descriptors, AnEngineThatFindsNoDescriptorSaysWhatToDo) {
+  auto lowestFree = [] {
+    const int fd = ::dup(0);
+    ::close(fd);
+    return fd;
+  };
+  const int lowest = lowestFree();
+  for (int room : {0, 1}) {
+    std::string error;
+    {
+      SoftLimit limit(static_cast<rlim_t>(lowest + room));
+      try {
+        loom::ProgressEngine engine(3);
+      } catch (const loom::Error& e) {
+        error = e.what();
+      }
+    }
+    EXPECT_NE(error.find("cannot make a progress engine (epoll, eventfd): "), std::string::npos) << error;
+    EXPECT_NE(error.find("as many descriptors as its soft limit allows (" + std::to_string(lowest + room) +
+                         "); raise the limit (ulimit -n)"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(lowestFree(), lowest) << "room for " << room;
   }
 }
 
