@@ -1,8 +1,8 @@
 #include "core/progress_engine.hpp"
 
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,14 +28,16 @@ ProgressEngine::ProgressEngine(int rank) : rank_(rank) {
     rlimit limit{};
     std::string advice;
     if (err == EMFILE && getrlimit(RLIMIT_NOFILE, &limit) == 0) {
-      advice = strFormat(": this process holds as many descriptors as its soft limit allows (%llu); raise the limit "
-                         "(ulimit -n)",
-                         static_cast<unsigned long long>(limit.rlim_cur));
+      advice = strFormat(
+          ": this process holds as many descriptors as its soft limit allows (%llu); raise the limit "
+          "(ulimit -n)",
+          static_cast<unsigned long long>(limit.rlim_cur));
     } else if (err == ENFILE) {
       advice = ": the system's descriptor table is full (sysctl fs.file-max)";
     }
-    LOOM_THROW(ErrorCode::System, rank,
-               strFormat("cannot make a progress engine (epoll, eventfd): %s%s", errnoText(err).c_str(), advice.c_str()));
+    LOOM_THROW(
+        ErrorCode::System, rank,
+        strFormat("cannot make a progress engine (epoll, eventfd): %s%s", errnoText(err).c_str(), advice.c_str()));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
