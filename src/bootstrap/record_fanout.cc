@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <memory>
 
 #include "bootstrap/sha256.hpp"
 #include "bootstrap/store_protocol.hpp"
@@ -105,7 +104,8 @@ std::optional<Bytes> FanOutListener::receive(const Deadline& until) {
           return std::move(p.value);
       }
       if (step != 0) {
-        // Not proved, or gone mid-value: a stranger, or a sender whose children read the store.
+        // Not proved, or closed before its value was whole: turned away (a proved sender that went
+        // away leaves this rank to read the store).
         ++rejected_;
         p.sock.reset();
       }
