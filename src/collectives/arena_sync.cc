@@ -1,6 +1,8 @@
 // Barriers on the shared arena's step counters (see arena_sync.hpp).
 #include "collectives/arena_sync.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "core/format.hpp"
@@ -10,6 +12,14 @@ namespace loom {
 namespace coll {
 
 namespace {
+// A wait that lasts longer than kSpinFor stops yield-spinning and naps, each nap twice the last up
+// to kLongestNap: ranks held for seconds (one rank writing a checkpoint before the next collective)
+// leave their cores to others, and a nap adds at most kLongestNap to a wait that already lasted
+// kSpinFor. Shorter waits (ranks a little apart in a training step) never nap.
+constexpr auto kSpinFor = std::chrono::milliseconds(50);
+constexpr auto kFirstNap = std::chrono::microseconds(50);
+constexpr auto kLongestNap = std::chrono::microseconds(1000);
+
 // ThreadSanitizer's view of the barrier (shm::LocalArena::processClock); nothing in other builds.
 inline void tsanTick(const shm::LocalArena& ar) {
 #if defined(__SANITIZE_THREAD__)
@@ -25,7 +35,8 @@ void barrier(const Context& c, const shm::LocalArena& ar, uint64_t target) {
   ar.steps[static_cast<size_t>(ar.me)]->store(target, std::memory_order_release);
   const auto& comm = c.comm();
   // Set at the first slow check: a barrier that passes at once reads no clock.
-  Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point deadline = Clock::time_point::max(), napFrom = Clock::time_point::max();
+  auto nap = std::chrono::microseconds(0);  // 0: not napping yet
   const int pauses = progress::pauseSpins();
   for (size_t p = 0; p < ar.steps.size(); ++p) {
     if (static_cast<int>(p) == ar.me) continue;
@@ -36,8 +47,13 @@ void barrier(const Context& c, const shm::LocalArena& ar, uint64_t target) {
 #endif
         continue;
       }
-      std::this_thread::yield();
-      if ((spins & 255) != 0) continue;
+      if (nap.count() > 0) {
+        std::this_thread::sleep_for(nap);
+        nap = std::min<std::chrono::microseconds>(nap * 2, kLongestNap);
+      } else {
+        std::this_thread::yield();
+        if ((spins & 255) != 0) continue;
+      }
       c.check();  // answers a dump request (loom-info --dump, a timed-out peer) now and then
       if (comm.failureState()->failed()) throw comm.failureState()->first().toError(comm.rank());
       // A peer in another call with this one's number will never reach our step: say so.
@@ -64,9 +80,14 @@ void barrier(const Context& c, const shm::LocalArena& ar, uint64_t target) {
           throw s.toError(comm.rank());
         }
       }
+      const Clock::time_point now = Clock::now();
       if (deadline == Clock::time_point::max()) {
-        deadline = Clock::now() + comm.timeout();
-      } else if (Clock::now() > deadline) {
+        deadline = now + comm.timeout();
+        napFrom = now + kSpinFor;
+      } else if (nap.count() == 0 && now > napFrom) {
+        nap = kFirstNap;
+      }
+      if (now > deadline) {
         const std::string report = c.diagnose();
         Status s = Status::error(
             ErrorCode::Timeout,

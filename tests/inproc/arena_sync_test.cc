@@ -1,7 +1,7 @@
 // The barrier on a node's shared arena (collectives/arena_sync.cc), on an arena the test makes
 // itself, so that who arrives when is fixed: a rank that reached the barrier's step and then
 // left (closed its communicator) does not fail the ranks still waiting there for a slower one; a
-// rank that left before it reached the step does, and the error names it.
+// rank that left before it reached the step does, and the error names it; a long wait naps.
 #include "collectives/arena_sync.hpp"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 #include "collectives/context.hpp"
 #include "comm/comm_impl.hpp"
 #include "common/ranks.hpp"
+#include "core/progress_policy.hpp"
 
 namespace {
 
@@ -71,6 +72,29 @@ TEST(ArenaBarrier, RankThatLeftBeforeTheStepFailsTheCollectiveNamingIt) {
       EXPECT_NE(std::string(e.what()).find("rank 1 will not take part: it closed its communicator"), std::string::npos)
           << e.what();
     }
+  });
+}
+
+// A rank held for long (another writing a checkpoint before the next collective) does not keep
+// its core busy: past 50 ms its wait naps, and it still passes once the other comes.
+TEST(ArenaBarrier, ALongWaitLeavesTheCoreToOthers) {
+  loomtest::runOk(1, [](loom::Communicator& c) {
+    TestArena t(2);
+    std::thread late([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      t.step(1, 1);
+    });
+    loom::coll::Context ctx(*c.impl(), kSeq, "all_gather", "direct");
+    const auto cpu0 = loom::progress::threadCpuTime();
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_NO_THROW(loom::coll::barrier(ctx, t.arena, 1));
+    const auto cpu = loom::progress::threadCpuTime() - cpu0;
+    const auto wall = std::chrono::steady_clock::now() - t0;
+    late.join();
+    EXPECT_GE(wall, std::chrono::milliseconds(790));
+    // Yielding all along took the whole 800 ms of a core here; napping, about the first 50.
+    EXPECT_LT(cpu, std::chrono::milliseconds(250))
+        << "CPU while waiting: " << std::chrono::duration<double, std::milli>(cpu).count() << " ms";
   });
 }
 
