@@ -125,13 +125,14 @@ def draw_scale():
         ax.set_xscale("log", base=2)
         if ax is left:
             ax.set_yscale("log")
+            ax.set_ylim(bottom=ax.get_ylim()[0] / 12)  # room for the legend below the lines
         else:  # linear near zero: a node's all-reduce that reads in place holds no link
             ax.set_yscale("symlog", linthresh=1)
             ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1) * 40)  # room for the legend
         ax.set_xlabel("ranks (N)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left" if ax is left else "upper right")
+        ax.legend(fontsize=7, loc="lower right" if ax is left else "upper right")
     left.set_title("time to initialise a communicator", fontsize=10)
     right.set_title("links each rank holds after a first all-reduce", fontsize=10)
     fig.text(0.01, 0.01, subtitle(res), fontsize=7, color="grey")
