@@ -23,6 +23,7 @@
 #include "common/env_guard.hpp"
 #include "common/ranks.hpp"
 #include "transport/shm/cma.hpp"
+#include "transport/shm/node_file.hpp"
 #include "transport/shm/segment.hpp"
 
 using loom::DataType;
@@ -63,6 +64,23 @@ void exchangeSizes(loom::Communicator& c, int round) {
         if (in[p][i] != pattern(p, me, round, i)) FAIL() << "byte " << i << " of " << bytes << " from rank " << p;
   }
 }
+
+// A segment of its own for the probe tests: a node file of one rank, its name gone at once.
+struct LoneSegment {
+  loom::shm::NodeFile file;
+  loom::shm::Segment seg;
+  explicit LoneSegment(const std::string& name) {
+    loom::shm::NodeLayout layout;
+    layout.ranks = 1;
+    layout.ringBytes = 4096;
+    const loom::Nonce id = loom::randomNonce();
+    file = loom::shm::NodeFile::create(name, 0, layout, id);
+    file.unlink();
+    file.back(0, 0, false);
+    seg = file.segment(0);
+    seg.initialise(0, id);
+  }
+};
 
 struct HookReset {
   ~HookReset() {
@@ -135,10 +153,8 @@ TEST(Shm, SetUpAsksTheStoreAlmostNothing) {
 // holding it, closed once it let go after marking the segment closed.
 TEST(Shm, TheLivenessProbeTellsAliveDiedAndClosed) {
   using loom::shm::PeerState;
-  loom::shm::Segment seg =
-      loom::shm::Segment::create("/loom-test-probe-" + std::to_string(getpid()), 0, 1, 4096, 0, loom::randomNonce());
-  seg.unlink();
-  loom::shm::SegmentHeader* h = seg.header();
+  LoneSegment lone("/loom-test-probe-" + std::to_string(getpid()));
+  loom::shm::SegmentHeader* h = lone.seg.header();
   std::atomic<int> stage{0};
   std::thread owner([&] {
     pthread_mutex_lock(&h->alive);
@@ -167,10 +183,8 @@ TEST(Shm, TheLivenessProbeTellsAliveDiedAndClosed) {
 TEST(Shm, TheLivenessProbeIsNotFooledByAnotherProbersHold) {
   using loom::shm::PeerState;
   for (const bool clean : {false, true}) {
-    loom::shm::Segment seg =
-        loom::shm::Segment::create("/loom-test-probe2-" + std::to_string(getpid()), 0, 1, 4096, 0, loom::randomNonce());
-    seg.unlink();
-    loom::shm::SegmentHeader* h = seg.header();
+    LoneSegment lone("/loom-test-probe2-" + std::to_string(getpid()));
+    loom::shm::SegmentHeader* h = lone.seg.header();
     std::thread owner([&] {
       pthread_mutex_lock(&h->alive);
       h->aliveHolder.store(static_cast<int32_t>(gettid()));
@@ -197,36 +211,36 @@ TEST(Shm, TheLivenessProbeIsNotFooledByAnotherProbersHold) {
   }
 }
 
-// Attaching a peer's segment: absent or not yet ready, ask again; one of another layout version
-// (a peer running another Loom) is named at once, though it never says ready where this one looks.
-TEST(Shm, AttachWaitsForAReadySegmentAndNamesAnotherVersionAtOnce) {
+// Opening the node's file: absent or not yet ready, ask again; one of another layout version (a
+// leader running another Loom) is named at once, though it never says ready where this one looks.
+TEST(Shm, OpeningWaitsForAReadyFileAndNamesAnotherVersionAtOnce) {
   const std::string name = "/loom-test-attach-" + std::to_string(getpid());
   const loom::Nonce id = loom::randomNonce();
-  loom::shm::Segment seg;
-  EXPECT_FALSE(loom::shm::Segment::tryAttach(name, 0, 1, id, &seg));  // not there yet
+  loom::shm::NodeFile file;
+  EXPECT_FALSE(loom::shm::NodeFile::tryOpen(name, 0, 1, 2, id, &file));  // not there yet
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
   void* p = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   ASSERT_NE(p, MAP_FAILED);
-  auto* h = static_cast<loom::shm::SegmentHeader*>(p);
-  h->magic = loom::shm::kSegmentMagic;  // being written: no version yet
-  EXPECT_FALSE(loom::shm::Segment::tryAttach(name, 0, 1, id, &seg));
+  auto* h = static_cast<loom::shm::NodeHeader*>(p);
+  h->magic = loom::shm::kNodeMagic;  // being written: no version yet
+  EXPECT_FALSE(loom::shm::NodeFile::tryOpen(name, 0, 1, 2, id, &file));
   h->version = loom::shm::kSegmentVersion - 1;
   std::string error;
   try {
-    loom::shm::Segment::tryAttach(name, 0, 1, id, &seg);
+    loom::shm::NodeFile::tryOpen(name, 0, 1, 2, id, &file);
   } catch (const loom::Error& e) {
     error = e.what();
   }
-  EXPECT_NE(error.find("rank 1's shared-memory segment /dev/shm" + name + " is unusable: its layout version is " +
-                       std::to_string(loom::shm::kSegmentVersion - 1)),
+  EXPECT_NE(error.find("the shared-memory segment /dev/shm" + name + " of rank 1's node is unusable: its layout " +
+                       "version is " + std::to_string(loom::shm::kSegmentVersion - 1)),
             std::string::npos)
       << error;
   munmap(p, 1 << 20);
   shm_unlink(name.c_str());
-  EXPECT_FALSE(seg.valid());
+  EXPECT_FALSE(file.valid());
 }
 
 TEST(Shm, MixedNodesUseSharedMemoryWithinAndTcpAcross) {
@@ -293,11 +307,11 @@ TEST(Shm, ASegmentNameTakenByAnotherJobIsAClearError) {
   ASSERT_GE(fd, 0);
   close(fd);
   loom::shm::segmentTestHooks().rename = [&](const std::string& name) {
-    return name.substr(name.size() - 2) == "-1" ? taken : name;
+    return name.substr(name.size() - 2) == "-0" ? taken : name;  // the node's file, made by rank 0
   };
   auto results = loomtest::runRanks(2, [](loom::Communicator&) {});
-  EXPECT_NE(results[1].error.find("/dev/shm" + taken + " already exists"), std::string::npos) << results[1].error;
-  EXPECT_NE(results[0].error.find("already exists"), std::string::npos) << results[0].error;  // told at once
+  EXPECT_NE(results[0].error.find("/dev/shm" + taken + " already exists"), std::string::npos) << results[0].error;
+  EXPECT_NE(results[1].error.find("already exists"), std::string::npos) << results[1].error;  // told at once
   shm_unlink(taken.c_str());
   EXPECT_EQ(loomSegments().count(taken.substr(1)), 0u);
 }
@@ -317,41 +331,36 @@ TEST(Shm, AFullDevShmIsAClearError) {
 TEST(Shm, ASegmentOfAnotherVersionIsAClearError) {
   HookReset reset;
   const auto before = loomSegments();
-  loom::shm::segmentTestHooks().afterCreate = [](loom::shm::SegmentHeader* h) {
-    if (h->owner == 1) h->version = 99;
-  };
+  loom::shm::segmentTestHooks().afterNodeCreate = [](loom::shm::NodeHeader* h) { h->version = 99; };
   auto results = loomtest::runRanks(3, [](loom::Communicator&) {});
-  // The ranks attaching rank 1's segment say what is wrong with it; rank 1 hears why.
-  EXPECT_NE(results[0].error.find("rank 1's shared-memory segment"), std::string::npos) << results[0].error;
+  // The ranks opening the node's file (made by rank 0) say what is wrong with it; rank 0 hears why.
+  EXPECT_NE(results[1].error.find("of rank 0's node is unusable"), std::string::npos) << results[1].error;
   for (int r = 0; r < 3; ++r)
     EXPECT_NE(results[r].error.find("version is 99"), std::string::npos) << "rank " << r << ": " << results[r].error;
   EXPECT_EQ(loomSegments(), before);
 }
 
-// The same on a node of 12 (segments attached in rank order, each rank stopping at the first that
-// is not ready, and looking in the store only for the peers it stopped at): every rank, those
-// before the bad segment and after it, and its owner, names what is wrong.
+// The same on a node of 12 (the leader waits for the ranks in rank order, looking in the store only
+// for the one it stopped at): every rank, and the leader, names what is wrong.
 TEST(Shm, ASegmentOfAnotherVersionIsNamedByEveryRankOfALargeNode) {
   HookReset reset;
   const auto before = loomSegments();
-  loom::shm::segmentTestHooks().afterCreate = [](loom::shm::SegmentHeader* h) {
-    if (h->owner == 7) h->version = 99;
-  };
+  loom::shm::segmentTestHooks().afterNodeCreate = [](loom::shm::NodeHeader* h) { h->version = 99; };
   auto results = loomtest::runRanks(12, [](loom::Communicator&) {});  // a deadline's error would name no version
   for (int r = 0; r < 12; ++r)
     EXPECT_NE(results[r].error.find("version is 99"), std::string::npos) << "rank " << r << ": " << results[r].error;
   EXPECT_EQ(loomSegments(), before);
 }
 
-// Two nodes of 6, every link made on first use: the odd node's shared memory fails (rank 7's
-// segment is of another version), so its ranks fail; the even node's ranks, which link nothing
+// Two nodes of 6, every link made on first use: the odd node's shared memory fails (its file, made
+// by rank 1, is of another version), so its ranks fail; the even node's ranks, which link nothing
 // with them at init, hear it at the end of init (every rank says how its set-up went) and name
 // them at once, where they used to wait out their init deadline.
 TEST(Shm, ANodeWhoseSetUpFailedIsNamedAtOnceByTheOtherNode) {
   HookReset reset;
   loomtest::TransportSetup links("mixed");  // even ranks on one "node", odd ranks on another
-  loom::shm::segmentTestHooks().afterCreate = [](loom::shm::SegmentHeader* h) {
-    if (h->owner == 7) h->version = 99;
+  loom::shm::segmentTestHooks().afterNodeCreate = [](loom::shm::NodeHeader* h) {
+    if (h->leader == 1) h->version = 99;
   };
   const auto t0 = std::chrono::steady_clock::now();
   auto results = loomtest::runRanks(12, [](loom::Communicator&) {});
@@ -365,17 +374,15 @@ TEST(Shm, ANodeWhoseSetUpFailedIsNamedAtOnceByTheOtherNode) {
   }
 }
 
-// A segment whose header describes another size than its file has (a foreign or overwritten
-// segment of the same name): a clear error naming the segment and its owner, on every rank, and
-// nothing left in /dev/shm.
+// A node file whose header describes another size than the file has (a foreign or overwritten
+// file of the same name): a clear error naming the file and its maker, on every rank, and nothing
+// left in /dev/shm.
 TEST(Shm, ASegmentOfTheWrongSizeIsAClearError) {
   HookReset reset;
   const auto before = loomSegments();
-  loom::shm::segmentTestHooks().afterCreate = [](loom::shm::SegmentHeader* h) {
-    if (h->owner == 2) h->totalBytes += 4096;
-  };
+  loom::shm::segmentTestHooks().afterNodeCreate = [](loom::shm::NodeHeader* h) { h->totalBytes += 4096; };
   auto results = loomtest::runRanks(3, [](loom::Communicator&) {});
-  EXPECT_NE(results[0].error.find("rank 2's shared-memory segment"), std::string::npos) << results[0].error;
+  EXPECT_NE(results[2].error.find("of rank 0's node is unusable"), std::string::npos) << results[2].error;
   for (int r = 0; r < 3; ++r)
     EXPECT_NE(results[r].error.find("bytes of its file"), std::string::npos)
         << "rank " << r << ": " << results[r].error;

@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +50,18 @@ void refuseCrossMemoryAttach() {
     std::perror("seccomp");
     std::exit(5);
   }
+}
+
+// Loom's /dev/shm files this process maps (unlinked by now: "(deleted)"), each counted once.
+int sharedMemoryFilesMapped() {
+  std::set<std::string> files;
+  if (FILE* f = std::fopen("/proc/self/maps", "r")) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, f) != nullptr)
+      if (const char* at = std::strstr(line, "/dev/shm/loom-")) files.insert(std::string(at));
+    std::fclose(f);
+  }
+  return static_cast<int>(files.size());
 }
 
 int collectives(loom::Communicator& c) {
@@ -88,6 +101,7 @@ int collectives(loom::Communicator& c) {
   }
   for (int p = 0; p < n; ++p)  // (links made on first use: those the collectives made)
     if (p != me) std::printf("rank %d link after: %s\n", me, c.describeLink(p).c_str());
+  std::printf("rank %d maps %d shared-memory files\n", me, sharedMemoryFilesMapped());
   std::printf("rank %d of %d ok\n", me, n);
   return 0;
 }

@@ -17,7 +17,7 @@ namespace shm {
 
 /// Memory every rank of this node can load from in place (the shared-memory transport's direct
 /// areas): one buffer per local rank, with that rank's step counter and the description of the
-/// collective it is in (shm/segment.hpp). For algorithms that read peers' data where it lies.
+/// collective it is in (shm/node_file.hpp). For algorithms that read peers' data where it lies.
 struct LocalArena {
   std::vector<int> ranks;  ///< the node's ranks, ascending
   int me = 0;              ///< this rank's index in `ranks`

@@ -1,11 +1,6 @@
-// Segment: one rank's shared-memory "inbox" for one communicator, a POSIX shared-memory object
-// in /dev/shm whose name follows from the communicator and the rank (nameFor). The rank that owns
-// it creates it and marks it ready; every other rank of its node attaches it once it is, writes
-// into its own ring there (one single-producer/single-consumer ring per local peer) and sets its
-// bit in the header's attach map. The owner unlinks it as soon as every local peer's bit is set,
-// so nothing stays in /dev/shm after setup, whatever happens to the processes later (SIGKILL
-// included). Nothing about a segment goes through the store: a node of L ranks makes L² attaches,
-// which would otherwise be L² keys on one process.
+// Segment: one rank's shared-memory "inbox" for one communicator, a page-aligned part of its
+// node's file (node_file.hpp, which makes, maps and names it). Every other rank of the node writes
+// into its own ring there (one single-producer/single-consumer ring per local peer).
 //
 // Layout (page-aligned pieces): SegmentHeader | RingControl[slots] | ring data[slots] | direct
 // area (the owner stages data there that every local rank loads in place: collectives/direct.cc).
@@ -14,8 +9,9 @@
 // holds for as long as it lives (a peer that finds it released or "owner died" knows the owner
 // is gone, even across PID namespaces), and a cookie for the cross-memory-attach probe.
 //
-// Thread safety: the header and ring controls are atomics or written once before publication.
-// Ownership: a Segment owns its mapping (unmapped on destruction) and, until unlink(), its name.
+// Thread safety: the header and ring controls are atomics or written once before publication
+// (the owner's bit in the node file's `joined` map).
+// Ownership: a Segment is a view; the node file's mapping outlives it.
 #pragma once
 
 #include <pthread.h>
@@ -23,8 +19,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
+#include <utility>
 
 #include "bootstrap/auth.hpp"
 
@@ -32,9 +28,12 @@ namespace loom {
 namespace shm {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cULL;  // "LOOMSHM1"
-constexpr uint32_t kSegmentVersion = 7;                    // 7: the holder of the liveness mutex
+constexpr uint32_t kSegmentVersion = 8;                    // 8: one file per node
 constexpr int kMaxSlots = 4096;                            // local peers a segment has rings for
 constexpr size_t kCacheLine = 64;
+constexpr size_t kPageBytes = 4096;  ///< every piece of a node's file starts on a page
+
+inline size_t roundUpToPage(size_t v) { return (v + kPageBytes - 1) / kPageBytes * kPageBytes; }
 
 /// Control words of one ring; head and tail on their own cache lines.
 struct RingControl {
@@ -55,11 +54,6 @@ struct SegmentHeader {
   uint8_t commId[16];
   uint64_t cookie;      ///< random; peers read it with process_vm_readv to test cross-memory attach
   uint64_t cookieAddr;  ///< the cookie's address in the owner's process, for that probe
-  /// Set (release) once the header is written and `alive` held: a peer that finds the name before
-  /// then waits.
-  std::atomic<uint32_t> ready;
-  /// Bit `slot` set by the peer writing into ring `slot` once it has attached the segment.
-  alignas(kCacheLine) std::atomic<uint64_t> attached[kMaxSlots / 64];
   /// Links made on first use: bit `slot` set by the peer writing into ring `slot` once it linked to
   /// the owner (and backed that ring), then `linkRequests` bumped, so that the owner links back and
   /// reads what arrives there without a receive of its own posted first.
@@ -78,15 +72,6 @@ struct SegmentHeader {
   /// owner's progress thread at once.
   std::atomic<uint32_t> waiters;
   std::atomic<uint32_t> closed;  ///< the owner left cleanly
-  /// Direct-area synchronisation: the owner's step count (each step published with release),
-  /// and the collective it is in (sequence number, bytes, type | op << 8), written before its
-  /// first step of that collective, so that peers check they run the same one before reading:
-  /// three sets: one per half of the area that small calls alternate between, one for large.
-  alignas(kCacheLine) std::atomic<uint64_t> directStep;
-  alignas(kCacheLine) std::atomic<uint64_t> directCall[9];
-  /// The collective the owner is in, for its peers' mismatch check whatever the algorithm: a
-  /// version (odd while being written), the sequence number and the signature (core/signature.hpp).
-  alignas(kCacheLine) std::atomic<uint64_t> current[3];
   /// The owner's communicator failed: 1 while the reason is written, 2 once `failure` holds it.
   /// Peers read it to explain what they see next (a vanished buffer, a dead process).
   std::atomic<uint32_t> failed;
@@ -95,7 +80,7 @@ struct SegmentHeader {
   alignas(kCacheLine) uint8_t deviceRecord[512];
 };
 
-/// A header bitmap by ring slot (attached, linkedBy): set with release, read with acquire.
+/// A header bitmap by ring slot (linkedBy): set with release, read with acquire.
 inline void setSlotBit(std::atomic<uint64_t>* map, int slot) {
   map[slot / 64].fetch_or(uint64_t{1} << (slot % 64), std::memory_order_release);
 }
@@ -108,47 +93,21 @@ void recordFailure(SegmentHeader* seg, const std::string& why) noexcept;
 /// The owner's recorded failure, or "".
 std::string recordedFailure(const SegmentHeader* seg);
 
-/// Hooks for tests that need a segment to go wrong (a name collision, a wrong version).
-struct SegmentTestHooks {
-  std::function<std::string(const std::string& name)> rename;  ///< replaces the chosen name
-  std::function<void(SegmentHeader*)> afterCreate;             ///< may corrupt the header
-};
-SegmentTestHooks& segmentTestHooks();
-
 class Segment {
  public:
   Segment() = default;
-  ~Segment();
-  Segment(const Segment&) = delete;
-  Segment& operator=(const Segment&) = delete;
-  Segment(Segment&& o) noexcept { *this = std::move(o); }
-  Segment& operator=(Segment&& o) noexcept;
+  /// The segment at `base` of the node file `file` (named in messages), of the node's layout.
+  Segment(void* base, std::string file, int slots, size_t ringBytes, size_t directBytes)
+      : base_(base), file_(std::move(file)), slots_(slots), ringBytes_(ringBytes), directBytes_(directBytes) {}
 
-  /// The name rank `rank` of communicator `commId` uses ("/loom-<id>-<rank>").
-  static std::string nameFor(const Nonce& commId, int rank);
   /// Bytes of a segment with `slots` rings of `ringBytes` each and a direct area.
   static size_t sizeFor(int slots, size_t ringBytes, size_t directBytes);
+  /// Bytes of its header and ring controls, which its owner backs at set-up.
+  static size_t controlBytes(int slots);
 
-  /// Creates, sizes (fallocate: a full /dev/shm fails here, not later with SIGBUS) and maps the
-  /// segment, and initialises its header, not yet ready. Without `backRings` only the header and
-  /// the ring controls are backed: each ring's writer backs it when it links (backRing), the owner
-  /// its direct area as it comes to use it (backDirect). Throws Error(System)
-  /// naming the segment: EEXIST (another job or a killed one left the same name), ENOSPC, EACCES.
-  static Segment create(const std::string& name, int owner, int slots, size_t ringBytes, size_t directBytes,
-                        const Nonce& commId, bool backRings = true);
-  /// Lets peers attach the segment: its owner calls it once its progress thread holds `alive`,
-  /// so that a peer's liveness probe never finds the mutex free before the owner took it.
-  void markReady();
-  /// Attaches `owner`'s segment `name` into *out once the owner has made it ready: false while it
-  /// is not there or not ready yet (ask again). Throws Error naming the segment and the peer where
-  /// it cannot be opened or mapped, or is not what `owner` of `commId` creates (magic, version,
-  /// size, owner, communicator).
-  static bool tryAttach(const std::string& name, int self, int owner, const Nonce& commId, Segment* out);
-
-  /// Tells the owner that the peer writing into ring `slot` has attached this segment.
-  void markAttached(int slot);
-  /// Whether the peer writing into ring `slot` has attached this segment.
-  bool attachedBy(int slot) const;
+  /// Writes the header of a fresh (zeroed) segment: its owner's part of set-up, before it says
+  /// in the node file that it joined.
+  void initialise(int owner, const Nonce& commId);
 
   /// Backs ring `slot`'s data with memory before its writer (rank `self`) first writes there, so
   /// that a full /dev/shm is an error now, naming the segment, not a SIGBUS later. Throws
@@ -163,28 +122,22 @@ class Segment {
   /// progress thread (even while a thread of the owner attends: only that thread links back).
   void requestLink(int slot) const;
 
-  /// Removes the name from /dev/shm (the mapping stays). Idempotent; ENOENT is fine.
-  void unlink() noexcept;
-
   bool valid() const { return base_ != nullptr; }
-  const std::string& name() const { return name_; }
-  size_t bytes() const { return bytes_; }
+  /// The node file's name.
+  const std::string& name() const { return file_; }
   SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
   RingControl* ring(int slot) const;
   uint8_t* ringData(int slot) const;
-  size_t ringBytes() const { return static_cast<size_t>(header()->ringBytes); }
+  size_t ringBytes() const { return ringBytes_; }
   uint8_t* direct() const;
-  size_t directBytes() const { return static_cast<size_t>(header()->directBytes); }
+  size_t directBytes() const { return directBytes_; }
 
  private:
-  /// Throws Error(InvalidUsage) naming what is wrong with an attached segment's header.
-  static void validate(const Segment& seg, int self, int owner, const Nonce& commId);
-
   void* base_ = nullptr;
-  size_t bytes_ = 0;
-  std::string name_;
-  bool owned_ = false;   // we created it and have not unlinked it yet
-  bool shared_ = false;  // the mapping is this process's one for name_ (released through the registry)
+  std::string file_;
+  int slots_ = 0;
+  size_t ringBytes_ = 0;
+  size_t directBytes_ = 0;
 };
 
 // ---- Waking the owner's progress engine across processes. ----

@@ -15,6 +15,7 @@
 #include "core/logging.hpp"
 #include "core/param.hpp"
 #include "transport/shm/cma.hpp"
+#include "transport/shm/node_file.hpp"
 #include "transport/shm/shm_connection.hpp"
 
 namespace loom {
@@ -75,74 +76,83 @@ bool ShmTransport::reaches(const TransportContext& ctx, int peer) const {
   return !ctx.nodeOf.empty() && ctx.nodeOf[static_cast<size_t>(peer)] == ctx.nodeOf[static_cast<size_t>(ctx.rank)];
 }
 
-void ShmTransport::attachAll(TransportContext& ctx, const std::vector<int>& peers) {
-  const int rank = ctx.rank;
-  // Peers are taken in order and a pass stops at the first that is not there yet: every one must
-  // come, and a pass over all that are missing, by every rank of a crowded node while the others
-  // arrive, costs the node O(L^2) lookups per pass.
-  size_t attached = 0, heard = 0;  // peers[0, attached) are attached; peers[0, heard) attached ours
-  std::vector<std::string> names;
-  names.reserve(peers.size());
-  for (int p : peers) names.push_back(Segment::nameFor(ctx.commId, p));
+template <typename Ready, typename Missing, typename Sleep>
+void ShmTransport::waitFor(TransportContext& ctx, const char* what, Ready&& ready, Missing&& missing, Sleep&& sleep) {
   // Only a peer that gave up says so through the store: looked at now and then, less often the
   // longer the wait, so that a node of waiting ranks does not load the store's host.
   auto look = std::chrono::milliseconds(5);
   auto nextLook = std::chrono::steady_clock::now() + look;
-  auto nap = std::chrono::microseconds(100);
   for (;;) {
-    bool progress = false;
-    for (; attached < peers.size(); ++attached) {
-      const int p = peers[attached];
-      Segment seg;
-      bool ready = false;
-      try {
-        ready = Segment::tryAttach(names[attached], rank, p, ctx.commId, &seg);
-      } catch (const Error&) {
-        peerGaveUp(ctx, p);  // its segment went because it failed: say why it did
-        throw;
-      }
-      if (!ready) break;
-      seg.markAttached(slotIn(p, rank));
-      theirs_[p] = std::move(seg);
-      progress = true;
-    }
-    for (; heard < peers.size() && mine_.attachedBy(slotIn(rank, peers[heard])); ++heard) progress = true;
-    if (attached == peers.size() && heard == peers.size()) return;
-
+    if (ready()) return;
     const auto now = std::chrono::steady_clock::now();
     if (now >= nextLook || ctx.deadline.expired()) {
-      // The peers the passes stopped at: one that gave up holds every rank at it (a rank it held
-      // back gives up in turn, naming it), so two keys a look tell what the whole list would.
-      std::vector<std::string> keys;
-      std::vector<int> whose;
-      for (size_t i : {attached, heard})
-        if (i < peers.size() && (whose.empty() || whose[0] != peers[i])) {
-          keys.push_back("shm/" + std::to_string(peers[i]));
-          whose.push_back(peers[i]);
-        }
-      const auto said = ctx.store->tryGetMany(keys);
-      for (size_t i = 0; i < said.size(); ++i)
-        if (said[i] && std::string(said[i]->begin(), said[i]->end()).rfind(kGaveUp, 0) == 0) peerGaveUp(ctx, whose[i]);
+      // The peer the wait stopped at: one that gave up holds every rank at it (a rank it held
+      // back gives up in turn, naming it), so one key a look tells what the whole list would.
+      peerGaveUp(ctx, missing());
       look = std::min<std::chrono::milliseconds>(look * 2, std::chrono::milliseconds(100));
       nextLook = now + look;
     }
     if (ctx.deadline.expired()) {
-      if (attached < peers.size()) {
-        const int p = peers[attached];
-        LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
-                        strFormat("rank %d did not create its shared-memory segment /dev/shm%s within %.0f s", p,
-                                  names[attached].c_str(), ctx.deadline.totalSeconds()));
-      }
-      const int p = peers[heard];
-      LOOM_THROW_PEER(ErrorCode::Timeout, rank, p,
-                      strFormat("rank %d did not attach shared-memory segment /dev/shm%s within %.0f s", p,
-                                mine_.name().c_str(), ctx.deadline.totalSeconds()));
+      const int p = missing();
+      LOOM_THROW_PEER(ErrorCode::Timeout, ctx.rank, p,
+                      strFormat("rank %d did not %s its node's shared-memory segment /dev/shm%s within %.0f s", p, what,
+                                NodeFile::nameFor(ctx.commId, local_[0]).c_str(), ctx.deadline.totalSeconds()));
     }
-    // Short naps while peers keep arriving, longer ones while none does.
-    nap = progress ? std::chrono::microseconds(100)
-                   : std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(4));
-    std::this_thread::sleep_for(nap);
+    sleep(std::min(nextLook, ctx.deadline.at()));
   }
+}
+
+void ShmTransport::openNodeFile(TransportContext& ctx) {
+  const int leader = local_[0];
+  const std::string name = NodeFile::nameFor(ctx.commId, leader);
+  if (rank_ == leader) {
+    NodeLayout layout;
+    layout.ranks = static_cast<int>(local_.size());
+    layout.ringBytes = ringBytes_;
+    layout.directBytes = directBytes_;
+    node_ = NodeFile::create(name, leader, layout, ctx.commId);
+  } else {
+    const int ranks = static_cast<int>(local_.size());
+    auto nap = std::chrono::microseconds(50);  // doubled up to 2 ms while the file is not there
+    waitFor(
+        ctx, "create",
+        [&] {
+          try {
+            return NodeFile::tryOpen(name, rank_, leader, ranks, ctx.commId, &node_);
+          } catch (const Error&) {
+            peerGaveUp(ctx, leader);  // its file went because it failed: say why it did
+            throw;
+          }
+        },
+        [&] { return leader; },
+        [&](std::chrono::steady_clock::time_point until) {
+          std::this_thread::sleep_until(std::min(until, std::chrono::steady_clock::now() + nap));
+          nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(2));
+        });
+  }
+  // The node's layout is its leader's (the settings of ranks of one job normally agree).
+  const NodeLayout layout = node_.layout();
+  if (layout.ringBytes != ringBytes_ || layout.directBytes != directBytes_) {
+    LOOM_INFO("shared memory: rings of %s and direct areas of %s, as rank %d (the node's first) set them",
+              bytesText(layout.ringBytes).c_str(), bytesText(layout.directBytes).c_str(), leader);
+  }
+  ringBytes_ = layout.ringBytes;
+  directBytes_ = layout.directBytes;
+}
+
+void ShmTransport::waitForNode(TransportContext& ctx) {
+  // The last rank to join wakes the others; the map (in the node header: waiting reads no peer's
+  // segment) names the first missing one, for a look in the store or a timeout.
+  size_t joined = 0;
+  waitFor(
+      ctx, "join", [&] { return node_.allJoined(); },
+      [&] {
+        while (joined < local_.size() && node_.joined(static_cast<int>(joined))) ++joined;
+        return local_[std::min(joined, local_.size() - 1)];
+      },
+      [&](std::chrono::steady_clock::time_point until) { node_.waitForJoins(until); });
+  if (rank_ == local_[0]) node_.unlink();
+  node_.closeDescriptor();
 }
 
 void ShmTransport::peerGaveUp(TransportContext& ctx, int peer) {
@@ -209,11 +219,9 @@ std::vector<std::unique_ptr<Connection>> ShmTransport::connect(TransportContext&
   if (peers.empty()) return {};
   return reportingFailure(ctx, [&] {
     plan(ctx);
-    createMine(ctx, /*backRings=*/true);
-    // 2. Attach the peers' segments as they become ready, and wait for every peer to have
-    // attached ours; then unlink it.
-    attachAll(ctx, peers);
-    mine_.unlink();
+    joinNode(ctx, /*backRings=*/true);
+    // 2. Wait for every local rank to have joined; then the file's name goes.
+    waitForNode(ctx);
     std::vector<std::unique_ptr<Connection>> out;
     for (int p : peers) {
       out.push_back(connectionTo(p));
@@ -229,7 +237,7 @@ ProgressEngine* ShmTransport::prepareOnDemand(TransportContext& ctx, const std::
   if (peers.empty()) return nullptr;
   return reportingFailure(ctx, [&] {
     plan(ctx);
-    createMine(ctx, /*backRings=*/false);
+    joinNode(ctx, /*backRings=*/false);
     return engine_;
   });
 }
@@ -237,8 +245,7 @@ ProgressEngine* ShmTransport::prepareOnDemand(TransportContext& ctx, const std::
 void ShmTransport::linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) {
   if (peers.empty()) return;
   reportingFailure(ctx, [&] {
-    attachAll(ctx, peers);
-    mine_.unlink();
+    waitForNode(ctx);
     makeArena(ctx.commId, /*backed=*/false);
   });
   linking_ = std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(ctx.size));
@@ -292,11 +299,17 @@ int ShmTransport::slotIn(int owner, int writer) const {
   return idx > ownerIdx ? idx - 1 : idx;
 }
 
-void ShmTransport::createMine(TransportContext& ctx, bool backRings) {
-  // 1. Our segment and our progress thread (which holds its liveness mutex); then it is ready.
-  const int slots = static_cast<int>(local_.size()) - 1;
-  mine_ = Segment::create(Segment::nameFor(ctx.commId, rank_), rank_, slots, ringBytes_, directBytes_, ctx.commId,
-                          backRings);
+Segment ShmTransport::segmentOf(int rank) const { return node_.segment(localIndex_[static_cast<size_t>(rank)]); }
+
+void ShmTransport::joinNode(TransportContext& ctx, bool backRings) {
+  // 1. The node's file, our segment in it and our progress thread (which holds its liveness
+  // mutex); then we have joined.
+  openNodeFile(ctx);
+  const int me = localIndex_[static_cast<size_t>(rank_)];
+  node_.back(me, rank_, backRings);
+  mine_ = segmentOf(rank_);
+  mine_.initialise(rank_, ctx.commId);
+  if (segmentTestHooks().afterCreate) segmentTestHooks().afterCreate(mine_.header());
   SegmentHeader* header = mine_.header();
   engine_ = &ctx.engineFor(WakeWord{&header->doorbell, &header->sleepers, &header->attending, &header->waiters});
   engine_->start(
@@ -308,11 +321,11 @@ void ShmTransport::createMine(TransportContext& ctx, bool backRings) {
         header->closed.store(1);
         pthread_mutex_unlock(&header->alive);
       });
-  mine_.markReady();
+  node_.markJoined(me);
 }
 
 std::unique_ptr<Connection> ShmTransport::connectionTo(int p) {
-  const Segment& theirs = theirs_.at(p);
+  const Segment theirs = segmentOf(p);
   const int pid = theirs.header()->pid;
   const bool cmaWanted = cmaParam() != 0;
   const bool cma = cmaWanted && cmaProbe(pid, theirs.header()->cookieAddr, theirs.header()->cookie);
@@ -325,8 +338,8 @@ std::unique_ptr<Connection> ShmTransport::connectionTo(int p) {
   std::string how = cma ? strFormat("single copy (process_vm_readv) above %s", bytesText(opt.eagerBytes).c_str())
                         : std::string(cmaWanted ? "process_vm_readv refused: every message copied through the ring"
                                                 : "every message copied through the ring (LOOM_SHM_CMA=0)");
-  std::string desc = strFormat("rank %d <-> rank %d: shm, rings of %s each way (segments %s, %s); %s", rank_, p,
-                               bytesText(ringBytes_).c_str(), mine_.name().c_str(), theirs.name().c_str(), how.c_str());
+  std::string desc = strFormat("rank %d <-> rank %d: shm, rings of %s each way (segment %s); %s", rank_, p,
+                               bytesText(ringBytes_).c_str(), mine_.name().c_str(), how.c_str());
   return std::make_unique<ShmConnection>(rank_, p, in, outRing, mine_.header(), theirs.header(), pid, failure_, opt,
                                          desc);
 }
@@ -335,7 +348,7 @@ void ShmTransport::linkTo(int peer) noexcept {
   if (sink_ == nullptr || linking_[static_cast<size_t>(peer)].exchange(true)) return;
   try {
     const auto began = std::chrono::steady_clock::now();
-    const Segment& theirs = theirs_.at(peer);
+    const Segment theirs = segmentOf(peer);
     // A peer gone before its first use that never linked to us (so left nothing to read): named
     // now, as a link made at init names it (shm_failure.cc). One that did is linked all the same,
     // and its link reads what it left before it says the peer is gone.
@@ -375,21 +388,23 @@ void ShmTransport::linkTo(int peer) noexcept {
 }
 
 void ShmTransport::makeArena(const Nonce& commId, bool backed) {
-  // 5. The node's arena: every local rank's direct area, usable only if all have one of a size.
+  // 5. The node's arena: every local rank's direct area (one size: the node's layout). Addresses
+  // only: no peer's segment is read until a collective uses the arena.
   const size_t directBytes = directBytes_;
-  bool sameSize = directBytes > 0;
-  for (const auto& [p, seg] : theirs_) sameSize = sameSize && seg.directBytes() == directBytes;
-  if (sameSize) {
+  if (directBytes > 0) {
     arena_.ranks = local_;
     arena_.bytes = directBytes;
+    std::vector<SegmentHeader*> headers;
     for (size_t i = 0; i < local_.size(); ++i) {
-      const int r = local_[i];
-      SegmentHeader* h = r == rank_ ? mine_.header() : theirs_.at(r).header();
-      if (r == rank_) arena_.me = static_cast<int>(i);
-      arena_.buffers.push_back(r == rank_ ? mine_.direct() : theirs_.at(r).direct());
-      arena_.steps.push_back(&h->directStep);
-      arena_.calls.push_back(h->directCall);
-      arena_.current.push_back(h->current);
+      const Segment seg = node_.segment(static_cast<int>(i));
+      SegmentHeader* h = seg.header();
+      if (local_[i] == rank_) arena_.me = static_cast<int>(i);
+      headers.push_back(h);
+      arena_.buffers.push_back(seg.direct());
+      ArenaWords* words = node_.arenaWords(static_cast<int>(i));
+      arena_.steps.push_back(&words->step);
+      arena_.calls.push_back(words->call);
+      arena_.current.push_back(words->current);
       static_assert(sizeof(h->deviceRecord) == LocalArena::kDeviceRecordBytes, "record sizes agree");
       arena_.deviceRecords.push_back(h->deviceRecord);
     }
@@ -406,8 +421,6 @@ void ShmTransport::makeArena(const Nonce& commId, bool backed) {
         upTo->store(to, std::memory_order_release);
       };
     }
-    std::vector<SegmentHeader*> headers;
-    for (int r : local_) headers.push_back(r == rank_ ? mine_.header() : theirs_.at(r).header());
     arena_.gone = [headers](int index) -> std::string {
       SegmentHeader* h = headers[static_cast<size_t>(index)];
       const std::string why = recordedFailure(h);

@@ -1,22 +1,22 @@
 // ShmTransport: shared-memory connections between the ranks of one node (those whose host
 // identities match, core/topology.hpp).
 //
-// Setup, all local ranks at once:
-//   1. each rank creates its segment /dev/shm/loom-<communicator id>-<rank> (segment.hpp), with one
-//      ring per local peer, and starts its progress engine; the name follows from the communicator
-//      and the rank, so nothing is published;
-//   2. each rank attaches every local peer's segment once its owner marked it ready, checks it,
-//      and sets its bit in the segment's attach map;
-//   3. once every peer's bit is set, the owner unlinks its segment: from then on nothing is left in
+// Setup, all local ranks at once (node_file.hpp):
+//   1. the node's lowest rank creates the node's file /dev/shm/loom-<communicator id>-<rank>, with
+//      one segment (segment.hpp) per local rank of one ring per local peer; its name follows from
+//      the communicator and that rank, so nothing is published;
+//   2. each rank opens and maps it once ready, writes its own segment's header, starts its
+//      progress engine and marks itself joined in the file's node header;
+//   3. once every rank joined, the lowest unlinks the file: from then on nothing is left in
 //      /dev/shm whatever happens to the processes;
 //   4. each rank probes cross-memory attach towards every peer (reading the cookie whose address
 //      the peer's header holds, with process_vm_readv), and uses it for large messages where it works.
 // A rank whose setup fails sets shm/<rank> in the store to "error: <why>", so that its local peers
 // fail soon with that reason instead of at the deadline.
 //
-// Links on first use (LOOM_CONNECT=lazy, transport/link_table.hpp): steps 1 to 3 run at init (the
-// node's arena needs every segment mapped), but the rings' memory is not backed and step 4 waits.
-// The first operation that needs a peer links it from this side alone (linkTo): it backs the ring
+// Links on first use (LOOM_CONNECT=lazy, transport/link_table.hpp): steps 1 to 3 run at init (one
+// mapping per rank, whatever the node's size), but the rings' memory is not backed and step 4
+// waits. The first operation that needs a peer links it from this side alone (linkTo): it backs the ring
 // it writes in the peer's segment, probes cross-memory attach, and marks itself in the peer's
 // link requests; the peer's progress thread, woken, links back, so that what arrives there is
 // read (unexpected messages, receives from any source) whether or not the peer asked first. A
@@ -41,6 +41,7 @@
 
 #include "core/progress_engine.hpp"
 #include "transport/shm/arena.hpp"
+#include "transport/shm/node_file.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/transport.hpp"
 
@@ -82,12 +83,21 @@ class ShmTransport : public Transport, public ArenaProvider {
   void plan(const TransportContext& ctx);
   /// The ring that `writer` writes in `owner`'s segment.
   int slotIn(int owner, int writer) const;
-  /// Step 1: our segment (its rings backed or left for their writers) and our progress thread.
-  void createMine(TransportContext& ctx, bool backRings);
-  /// Steps 2 and 3 of the setup for `peers`: attaches each one's segment into theirs_ as it
-  /// becomes ready and marks it, and returns once each one has marked ours. Throws naming a peer
-  /// that gave up meanwhile, whose segment is unusable, or that is missing at ctx.deadline.
-  void attachAll(TransportContext& ctx, const std::vector<int>& peers);
+  /// Waits until `ready()` says so, sleeping with `sleep(until)` in between, and looking now and
+  /// then whether the peer `missing()` names gave up. Throws its reason, or at ctx.deadline a
+  /// timeout naming it and what it did not do (`what`: "create", "join").
+  template <typename Ready, typename Missing, typename Sleep>
+  void waitFor(TransportContext& ctx, const char* what, Ready&& ready, Missing&& missing, Sleep&& sleep);
+  /// Creates the node's file (its lowest rank) or opens it once ready; adopts its layout.
+  void openNodeFile(TransportContext& ctx);
+  /// Step 1: the node's file, our segment in it (its rings backed or left for their writers),
+  /// our progress thread; then we joined.
+  void joinNode(TransportContext& ctx, bool backRings);
+  /// Steps 2 and 3: returns once every local rank joined (the lowest then unlinks the file).
+  /// Throws naming a rank that gave up meanwhile or is missing at ctx.deadline.
+  void waitForNode(TransportContext& ctx);
+  /// Local rank `rank`'s segment.
+  Segment segmentOf(int rank) const;
   /// Throws the peer's own setup error if it gave up (it set shm/<peer> to it).
   void peerGaveUp(TransportContext& ctx, int peer);
   /// Step 4 for one peer whose segment is attached: the connection, with cross-memory attach
@@ -103,8 +113,8 @@ class ShmTransport : public Transport, public ArenaProvider {
   size_t ringBytes_ = 0;
   size_t directBytes_ = 0;
   std::shared_ptr<FailureState> failure_;
+  NodeFile node_;
   Segment mine_;
-  std::map<int, Segment> theirs_;  // filled at init, read-only after
   LocalArena arena_;
   ProgressEngine* engine_ = nullptr;  // the link table's, which outlives us; stopped before the segments go
   // Links on first use.
