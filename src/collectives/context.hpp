@@ -161,6 +161,9 @@ void allGatherBruck(Context& c, const Args& a);
 // direct.cc: within one node, reading the peers' staged data in place (shared-memory arena):
 // all-reduce, broadcast and all-gather (one barrier for small buffers, then one per chunk).
 void allReduceDirect(Context& c, const Args& a);
+/// A barrier of a communicator whose ranks all share the arena: one step on its counters, with
+/// the same-call check; no message and no link.
+void barrierDirect(Context& c);
 void broadcastDirect(Context& c, const Args& a);
 void allGatherDirect(Context& c, const Args& a);
 // hierarchical.cc: node-aware: within each node over shared memory, across nodes between one

@@ -15,7 +15,7 @@
 // against 2 + 7(n-1)/n for the ring with single-copy reads, and no syscall.
 // Broadcast and all-gather work the same way without the reduction: the root (every rank, for
 // all-gather) stages chunks in two alternating halves of its area, one barrier per chunk, and the
-// others copy them out (halvedExchange below).
+// others copy them out (halvedExchange below). A barrier is the small exchange with nothing staged.
 // Before reading a peer's area, a rank checks that the peer is in the same collective (sequence
 // number, size, type and op); a mismatch fails the communicator instead of reading garbage.
 #include <algorithm>
@@ -223,6 +223,10 @@ void halvedExchange(Context& c, const shm::LocalArena& ar, uint64_t bytes, uint6
 }
 
 }  // namespace
+
+void barrierDirect(Context& c) {
+  smallExchange(c, *c.comm().arena(), 0, c.signature(), nullptr, 0, [](size_t) {});
+}
 
 void broadcastDirect(Context& c, const Args& a) {
   const shm::LocalArena& ar = *c.comm().arena();

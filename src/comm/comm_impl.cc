@@ -10,7 +10,9 @@
 #include <thread>
 
 #include "bootstrap/auth.hpp"
+#include "collectives/context.hpp"
 #include "collectives/plan.hpp"
+#include "collectives/select.hpp"
 #include "comm/device_state.hpp"
 #include "comm/dump_signal.hpp"
 #include "comm/store_keys.hpp"
@@ -325,6 +327,12 @@ uint8_t* CommImpl::scratch(size_t bytes, int slot) {
 void CommImpl::barrierBody(int64_t seq) {
   const uint32_t tag = collectiveTag(seq);
   const uint64_t sig = makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0);
+  if (selector_ != nullptr && selector_->direct()) {
+    // Every rank on this node's arena: a step on the counters, which links no one.
+    diag_.enterCall(seq, sig, "direct");
+    coll::Context ctx(*this, seq, "barrier", "direct", sig);
+    return coll::barrierDirect(ctx);
+  }
   diag_.enterCall(seq, sig, "dissemination");
   uint8_t token = 0, sink = 0;
   for (const auto& round : planDisseminationBarrier(rank_, size_)) {

@@ -356,6 +356,42 @@ TEST(Barrier, NobodyLeavesBeforeEveryoneEntered) {
   }
 }
 
+// Every rank on one node's arena (threads share memory): a barrier is a step on the arena's
+// counters, which makes no link (12 ranks: links on first use), and a rank in another collective
+// under the same number is named at once, not at the deadline.
+TEST(Barrier, OnOneNodeItLinksNoOneAndAMismatchIsNamed) {
+  std::vector<std::atomic<int>> entered(10);
+  for (auto& e : entered) e = 0;
+  runOk(12, [&](loom::Communicator& c) {
+    for (int it = 0; it < 10; ++it) {
+      if ((it + c.rank()) % 5 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      entered[it]++;
+      c.barrier();
+      EXPECT_EQ(entered[it].load(), 12) << "iteration " << it;
+    }
+    EXPECT_EQ(c.linkCount(), 0) << "rank " << c.rank();
+  });
+  loom::Options o;
+  o.timeout = std::chrono::seconds(20);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = loomtest::runRanks(
+      3,
+      [&](loom::Communicator& c) {
+        int32_t x = 1;
+        if (c.rank() == 1)
+          c.allReduce(&x, &x, 1, DataType::Int32, loom::ReduceOp::Sum);
+        else
+          c.barrier();
+        c.barrier();
+      },
+      o);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_NE(results[r].error.find("all_reduce of 1 int32 (sum)"), std::string::npos) << r << ": " << results[r].error;
+    EXPECT_NE(results[r].error.find("barrier"), std::string::npos) << r << ": " << results[r].error;
+  }
+}
+
 TEST(Barrier, AsynchronousBarriersCompleteInOrder) {
   runOk(4, [&](loom::Communicator& c) {
     std::vector<loom::Work> w;
