@@ -11,10 +11,12 @@
 // /dev/shm fails here, naming the rank, not later with SIGBUS), writes its header and sets its
 // bit in the node header's `joined` map. Once every bit is set the leader unlinks the name, so
 // nothing stays in /dev/shm after set-up, whatever happens to the processes later (SIGKILL
-// included). A rank waits on those bits alone: it touches a peer's segment only once it links to
-// that peer (or an arena collective reads it).
+// included). A rank waits on the node header alone (the last rank to join wakes the others through
+// a count there): it touches a peer's segment only once it links to that peer (or an arena
+// collective reads it).
 //
-// Thread safety: the node header is written once before `ready` (release); `joined` is atomic.
+// Thread safety: the node header is written once before `ready` (release); `joined` and
+// `joinedCount` are atomic.
 // Ownership: a NodeFile holds its mapping (released on destruction, once no rank of this process
 // holds it), its descriptor until closeDescriptor(), and, for the leader until unlink(), the name.
 #pragma once
