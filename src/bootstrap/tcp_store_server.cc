@@ -1,7 +1,7 @@
 #include "bootstrap/tcp_store_server.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +22,7 @@ LOOM_PARAM_INT(storeAuthTimeoutMs, "LOOM_STORE_AUTH_TIMEOUT_MS", 10000,
                "ms a rendezvous client has to prove the job key before it is dropped");
 
 constexpr size_t kMaxClients = 65536;
+constexpr uint64_t kWakeTag = 0, kListenerTag = 1;
 
 std::atomic<uint64_t> served{0};
 std::atomic<uint64_t> keysRead{0};
@@ -30,6 +31,7 @@ std::atomic<uint64_t> bytesSent{0};
 }  // namespace
 
 struct TcpStoreServer::Client {
+  ClientId id = 0;
   Socket sock;
   std::string peer;
   bool authed = false;
@@ -41,7 +43,8 @@ struct TcpStoreServer::Client {
   // A Wait not answered yet: the key, and when to give up. Its later requests stay in `in`.
   bool waiting = false;
   std::string waitKey;
-  Clock::time_point waitUntil;
+  uint64_t waitNumber = 0;   // which of its waits an entry of waitsDue_ is for
+  bool watchingOut = false;  // epoll reports room to send (something is queued)
 };
 
 TcpStoreServer::TcpStoreServer(const SockAddr& addr, const JobKey& key) : key_(key) {
@@ -59,6 +62,19 @@ TcpStoreServer::TcpStoreServer(const SockAddr& addr, const JobKey& key) : key_(k
   }
   port_ = localAddress(listener_.fd()).port();
   if (pipe2(wakeFd_, O_CLOEXEC | O_NONBLOCK) != 0) LOOM_THROW(ErrorCode::System, 0, "pipe: " + errnoText(errno));
+  epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event wake{}, accept{};
+  wake.events = accept.events = EPOLLIN;
+  wake.data.u64 = kWakeTag;
+  accept.data.u64 = kListenerTag;
+  if (epoll_ < 0 || epoll_ctl(epoll_, EPOLL_CTL_ADD, wakeFd_[0], &wake) != 0 ||
+      epoll_ctl(epoll_, EPOLL_CTL_ADD, listener_.fd(), &accept) != 0) {
+    const std::string why = errnoText(errno);
+    if (epoll_ >= 0) close(epoll_);
+    close(wakeFd_[0]);
+    close(wakeFd_[1]);
+    LOOM_THROW(ErrorCode::System, 0, "the rendezvous store cannot watch its sockets: epoll: " + why);
+  }
   thread_ = std::thread([this] { run(); });
   LOOM_INFO("rendezvous store listening on %s", localAddress(listener_.fd()).toString().c_str());
 }
@@ -67,52 +83,76 @@ TcpStoreServer::~TcpStoreServer() {
   char c = 1;
   (void)!write(wakeFd_[1], &c, 1);
   if (thread_.joinable()) thread_.join();
+  clients_.clear();
+  close(epoll_);
   close(wakeFd_[0]);
   close(wakeFd_[1]);
 }
 
 void TcpStoreServer::run() {
   setThreadLogRank(0);
-  std::vector<pollfd> fds;
+  epoll_event events[256];
   for (;;) {
-    fds.clear();
-    fds.push_back({wakeFd_[0], POLLIN, 0});
-    fds.push_back({listener_.fd(), POLLIN, 0});
-    for (auto& [fd, c] : clients_) {
-      short ev = POLLIN;
-      if (c->outPos < c->out.size()) ev |= POLLOUT;
-      fds.push_back({fd, ev, 0});
-    }
-    int timeoutMs = 500;
-    if (nextWait_ != Clock::time_point::max()) {
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(nextWait_ - Clock::now()).count() + 1;
-      timeoutMs = static_cast<int>(std::clamp<long long>(ms, 0, timeoutMs));
-    }
-    int rc = poll(fds.data(), fds.size(), timeoutMs);
-    if (rc < 0 && errno != EINTR) {
-      LOOM_WARN("rendezvous store: poll failed: %s", errnoText(errno).c_str());
+    const int n = epoll_wait(epoll_, events, 256, sleepMs());
+    if (n < 0 && errno != EINTR) {
+      LOOM_WARN("rendezvous store: epoll_wait failed: %s", errnoText(errno).c_str());
       return;
     }
-    if (fds[0].revents != 0) return;  // stop
-    if (fds[1].revents & POLLIN) onAccept();
-    const auto now = Clock::now();
-    for (size_t i = 2; i < fds.size(); ++i) {
-      auto it = clients_.find(fds[i].fd);
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == kWakeTag) return;  // stop
+      if (tag == kListenerTag) {
+        onAccept();
+        continue;
+      }
+      // A client dropped earlier in this batch (its answer's flush failed) may still have events.
+      auto it = clients_.find(tag);
       if (it == clients_.end()) continue;
       Client& c = *it->second;
       bool keep = true;
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) keep = onReadable(c);
-      if (keep && (fds[i].revents & POLLOUT)) keep = flush(c);
-      if (keep && !c.authed && now - c.acceptedAt > std::chrono::milliseconds(storeAuthTimeoutMs())) {
-        LOOM_WARN("rendezvous store: dropped connection from %s: no job-key proof within %lld ms", c.peer.c_str(),
-                  static_cast<long long>(storeAuthTimeoutMs()));
-        ++rejected_;
-        keep = false;
-      }
-      if (!keep) clients_.erase(it);
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) keep = onReadable(c);
+      if (keep && (events[i].events & EPOLLOUT)) keep = flush(c);
+      if (!keep) drop(tag);
     }
+    dropUnproven(Clock::now());
     answerWaits();
   }
+}
+
+int TcpStoreServer::sleepMs() const {
+  auto until = Clock::now() + std::chrono::milliseconds(500);
+  if (!waitsDue_.empty()) until = std::min(until, waitsDue_.top().first);
+  if (!unproven_.empty())
+    until = std::min(until, unproven_.front().first + std::chrono::milliseconds(storeAuthTimeoutMs()));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count() + 1;
+  return static_cast<int>(std::clamp<long long>(ms, 0, 500));
+}
+
+void TcpStoreServer::dropUnproven(Clock::time_point now) {
+  const auto limit = std::chrono::milliseconds(storeAuthTimeoutMs());
+  while (!unproven_.empty()) {
+    const auto [accepted, id] = unproven_.front();
+    auto it = clients_.find(id);
+    if (it != clients_.end() && !it->second->authed) {
+      if (now - accepted <= limit) return;
+      LOOM_WARN("rendezvous store: dropped connection from %s: no job-key proof within %lld ms",
+                it->second->peer.c_str(), static_cast<long long>(limit.count()));
+      ++rejected_;
+      drop(id);
+    }
+    unproven_.pop_front();
+  }
+}
+
+void TcpStoreServer::drop(ClientId id) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  Client& c = *it->second;
+  if (c.waiting) {
+    auto w = waiters_.find(c.waitKey);
+    if (w != waiters_.end() && w->second.erase(id) > 0 && w->second.empty()) waiters_.erase(w);
+  }
+  clients_.erase(it);  // closing the socket takes it out of the epoll set
 }
 
 uint64_t TcpStoreServer::servedInProcess() { return served.load(std::memory_order_relaxed); }
@@ -122,32 +162,45 @@ uint64_t TcpStoreServer::keysReadInProcess() { return keysRead.load(std::memory_
 uint64_t TcpStoreServer::bytesSentInProcess() { return bytesSent.load(std::memory_order_relaxed); }
 
 void TcpStoreServer::answerWaits() {
-  // A request answered here may unblock a later one of the same client that sets a key another
-  // waits for: go round until nothing changes (each round answers at least one wait or stops).
-  for (int round = 0; round < 64; ++round) {
-    const auto now = Clock::now();
-    if (!changed_ && now < nextWait_) return;
-    changed_ = false;
-    nextWait_ = Clock::time_point::max();
-    std::vector<int> drop;
-    for (auto& [fd, cp] : clients_) {
-      Client& c = *cp;
-      if (!c.waiting) continue;
-      auto it = data_.find(c.waitKey);
-      if (it == data_.end() && now < c.waitUntil) {
-        nextWait_ = std::min(nextWait_, c.waitUntil);
-        continue;
+  // An answer may unblock a later request of the same client that sets a key another waits for:
+  // go on until no key with waiters is left unanswered (each pass answers at least one wait).
+  for (;;) {
+    if (!setKeys_.empty()) {
+      std::vector<std::string> keys;
+      keys.swap(setKeys_);
+      for (const std::string& key : keys) {
+        auto w = waiters_.find(key);
+        if (w == waiters_.end()) continue;
+        const std::unordered_set<ClientId> ids = std::move(w->second);
+        waiters_.erase(w);
+        for (ClientId id : ids) {
+          auto it = clients_.find(id);
+          if (it != clients_.end() && it->second->waiting && !answer(*it->second)) drop(id);
+        }
       }
-      c.waiting = false;
-      const Bytes reply = it != data_.end() ? storewire::encodeReply(storewire::Reply::Ok, it->second)
-                                            : storewire::encodeReply(storewire::Reply::NotFound, {});
-      bytesSent.fetch_add(reply.size(), std::memory_order_relaxed);
-      c.out.insert(c.out.end(), reply.begin(), reply.end());
-      if (!handleRequests(c) || !flush(c)) drop.push_back(fd);
+      continue;
     }
-    for (int fd : drop) clients_.erase(fd);
-    if (!changed_) return;
+    const auto now = Clock::now();
+    if (waitsDue_.empty() || waitsDue_.top().first > now) return;
+    const auto [id, number] = waitsDue_.top().second;
+    waitsDue_.pop();
+    auto it = clients_.find(id);
+    if (it == clients_.end() || !it->second->waiting || it->second->waitNumber != number) continue;
+    Client& c = *it->second;
+    auto w = waiters_.find(c.waitKey);
+    if (w != waiters_.end() && w->second.erase(id) > 0 && w->second.empty()) waiters_.erase(w);
+    if (!answer(c)) drop(id);
   }
+}
+
+bool TcpStoreServer::answer(Client& c) {
+  c.waiting = false;
+  auto it = data_.find(c.waitKey);
+  const Bytes reply = it != data_.end() ? storewire::encodeReply(storewire::Reply::Ok, it->second)
+                                        : storewire::encodeReply(storewire::Reply::NotFound, {});
+  bytesSent.fetch_add(reply.size(), std::memory_order_relaxed);
+  c.out.insert(c.out.end(), reply.begin(), reply.end());
+  return handleRequests(c) && flush(c);
 }
 
 void TcpStoreServer::onAccept() {
@@ -166,8 +219,17 @@ void TcpStoreServer::onAccept() {
     c->nonce = randomNonce();
     c->out.insert(c->out.end(), storewire::kServerMagic, storewire::kServerMagic + 8);
     c->out.insert(c->out.end(), c->nonce.begin(), c->nonce.end());
+    c->id = nextId_++;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = c->id;
+    if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      LOOM_WARN("rendezvous store: cannot watch the connection from %s: %s", c->peer.c_str(), errnoText(errno).c_str());
+      continue;  // closes it
+    }
     if (!flush(*c)) continue;
-    clients_[fd] = std::move(c);
+    unproven_.emplace_back(c->acceptedAt, c->id);
+    clients_[c->id] = std::move(c);
   }
 }
 
@@ -176,14 +238,26 @@ bool TcpStoreServer::flush(Client& c) {
     ssize_t n = send(c.sock.fd(), c.out.data() + c.outPos, c.out.size() - c.outPos, MSG_NOSIGNAL);
     if (n > 0) {
       c.outPos += static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      return true;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      break;
     } else {
       return false;
     }
   }
-  c.out.clear();
-  c.outPos = 0;
+  const bool left = c.outPos < c.out.size();
+  if (!left) {
+    c.out.clear();
+    c.outPos = 0;
+  }
+  if (left != c.watchingOut) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | (left ? EPOLLOUT : 0u);
+    ev.data.u64 = c.id;
+    if (epoll_ctl(epoll_, EPOLL_CTL_MOD, c.sock.fd(), &ev) != 0) return false;
+    c.watchingOut = left;
+  }
   return true;
 }
 
@@ -264,7 +338,7 @@ bool TcpStoreServer::handleRequests(Client& c) {
     Bytes reply;
     switch (req.op) {
       case storewire::Op::Set:
-        changed_ = true;
+        if (waiters_.count(req.key) != 0) setKeys_.push_back(req.key);
         data_[req.key] = std::move(req.value);
         reply = storewire::encodeReply(storewire::Reply::Ok, {});
         break;
@@ -298,8 +372,10 @@ bool TcpStoreServer::handleRequests(Client& c) {
           LOOM_WARN("rendezvous store: dropped client %s: malformed request (%s)", c.peer.c_str(), why.c_str());
           return false;
         }
-        for (auto& [k, v] : pairs) data_[k] = std::move(v);
-        changed_ = true;
+        for (auto& [k, v] : pairs) {
+          if (waiters_.count(k) != 0) setKeys_.push_back(k);
+          data_[k] = std::move(v);
+        }
         reply = storewire::encodeReply(storewire::Reply::Ok, {});
         break;
       }
@@ -314,7 +390,7 @@ bool TcpStoreServer::handleRequests(Client& c) {
         Bytes v(8);
         storewire::putI64(v.data(), cur);
         data_[req.key] = v;
-        changed_ = true;
+        if (waiters_.count(req.key) != 0) setKeys_.push_back(req.key);
         reply = storewire::encodeReply(storewire::Reply::Ok, v);
         break;
       }
@@ -328,8 +404,8 @@ bool TcpStoreServer::handleRequests(Client& c) {
         const uint32_t ms = std::min(storewire::getU32(req.value.data()), storewire::kMaxWaitMs);
         c.waiting = true;
         c.waitKey = req.key;
-        c.waitUntil = Clock::now() + std::chrono::milliseconds(ms);
-        nextWait_ = std::min(nextWait_, c.waitUntil);
+        waiters_[req.key].insert(c.id);
+        waitsDue_.push({Clock::now() + std::chrono::milliseconds(ms), {c.id, ++c.waitNumber}});
         break;  // answered by answerWaits()
       }
     }

@@ -1,17 +1,28 @@
 // TcpStoreServer: the rendezvous store, hosted by one rank (or by the process that made a unique
-// id) on a thread of its own. Serves any number of clients with poll(); every client must pass the
-// job-key handshake (store_protocol.hpp) within a few seconds or is dropped and logged; a client
-// that sends anything malformed is dropped and logged; the store goes on serving the others.
+// id) on a thread of its own. Serves any number of clients through epoll, with the waits indexed by
+// key and by deadline, so that a request costs the server the same whether 10 or 10,000 ranks are
+// connected (a poll() over every client and a look at every waiting one, per request, made the
+// store's host the bottleneck of a large job's init: O(N) work per request, O(N^2) per init).
+// Every client must pass the job-key handshake (store_protocol.hpp) within a few seconds or is
+// dropped and logged; a client that sends anything malformed is dropped and logged; the store goes
+// on serving the others.
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <map>
-#include <mutex>
+#include <memory>
+#include <queue>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
+#include "core/deadline.hpp"
 #include "net/socket.hpp"
 
 namespace loom {
@@ -41,23 +52,39 @@ class TcpStoreServer {
 
  private:
   struct Client;
+  using ClientId = uint64_t;  // never reused, unlike descriptors: what the indexes below hold
   void run();
   void onAccept();
   // Returns false when the client must be dropped.
   bool onReadable(Client& c);
   bool handleRequests(Client& c);
+  /// Sends what `c` has queued, and watches its socket for room only while something is left.
   bool flush(Client& c);
-  /// Answers the Waits whose key is now set or whose time has passed.
+  void drop(ClientId id);
+  /// Answers the waits on keys set since the last call and those whose time has passed; each
+  /// answer may let its client's later requests set more keys.
   void answerWaits();
+  /// Answers `c`'s wait (with the key's value, or NotFound) and goes on with its later requests.
+  bool answer(Client& c);
+  /// Drops the clients that have not proved the job key in time.
+  void dropUnproven(Clock::time_point now);
+  /// How long epoll may sleep: until the next wait or handshake runs out, at most 500 ms.
+  int sleepMs() const;
 
   JobKey key_;
   Socket listener_;
   int port_ = 0;
   int wakeFd_[2] = {-1, -1};
-  std::map<int, std::unique_ptr<Client>> clients_;
-  std::map<std::string, Bytes> data_;  // touched only by the server thread
-  bool changed_ = false;               // a key was set since the waits were last looked at
-  std::chrono::steady_clock::time_point nextWait_ = std::chrono::steady_clock::time_point::max();
+  int epoll_ = -1;
+  // Touched only by the server thread from here on.
+  ClientId nextId_ = 2;  // 0 and 1 tag the wake pipe and the listener in epoll's events
+  std::unordered_map<ClientId, std::unique_ptr<Client>> clients_;
+  std::map<std::string, Bytes> data_;
+  std::unordered_map<std::string, std::unordered_set<ClientId>> waiters_;  // by the key they wait for
+  std::vector<std::string> setKeys_;  // keys with waiters set since answerWaits() last ran
+  using Due = std::pair<Clock::time_point, std::pair<ClientId, uint64_t>>;  // (when, (client, its wait))
+  std::priority_queue<Due, std::vector<Due>, std::greater<Due>> waitsDue_;
+  std::deque<std::pair<Clock::time_point, ClientId>> unproven_;  // in order of acceptance
   std::atomic<int> rejected_{0};
   std::thread thread_;
 };

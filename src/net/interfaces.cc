@@ -3,6 +3,13 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "core/format.hpp"
 #include "core/param.hpp"
@@ -82,9 +89,48 @@ std::vector<Interface> findInterfaces(const std::string& ifnameSpec, const std::
   return v4;
 }
 
+namespace {
+
+// The selections made so far, by setting: a communicator's set-up asks for them (its TCP listeners,
+// ib's side channel), and a job that makes dozens of groups used to enumerate the interfaces (a
+// netlink dump, twice where only loopback is up) dozens of times.
+struct Selections {
+  std::mutex mu;
+  std::map<std::pair<std::string, std::string>, std::vector<Interface>> found;
+};
+Selections& selections() {
+  static auto* s = new Selections();  // never destroyed: used up to exit
+  return *s;
+}
+
+// Whether every address is still this host's: a bind to it (a datagram socket, port 0) fails with
+// EADDRNOTAVAIL once its interface has gone or changed its address. A few system calls, where a
+// fresh enumeration is a netlink dump.
+bool stillHere(const std::vector<Interface>& ifaces) {
+  for (const auto& i : ifaces) {
+    const int fd = socket(i.addr.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    SockAddr a = i.addr;
+    a.setPort(0);
+    const int rc = bind(fd, a.raw(), a.length());
+    const int err = errno;
+    close(fd);
+    if (rc != 0 && err == EADDRNOTAVAIL) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::vector<Interface> selectedInterfaces() {
   std::string spec = socketIfnameParam();
   std::string family = socketFamilyParam();
+  Selections& known = selections();
+  {
+    std::lock_guard<std::mutex> lock(known.mu);
+    auto it = known.found.find({spec, family});
+    if (it != known.found.end() && stillHere(it->second)) return it->second;
+  }
   auto found = findInterfaces(spec, family);
   if (found.empty()) {
     std::string all;
@@ -95,6 +141,8 @@ std::vector<Interface> selectedInterfaces() {
                          "host has: %s",
                          spec.c_str(), family.c_str(), all.c_str()));
   }
+  std::lock_guard<std::mutex> lock(known.mu);
+  known.found[{spec, family}] = found;
   return found;
 }
 

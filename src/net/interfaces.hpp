@@ -39,7 +39,10 @@ std::string socketIfnameSetting();
 std::string linkRateSetting();
 
 /// The interfaces chosen by LOOM_SOCKET_IFNAME / LOOM_SOCKET_FAMILY; throws Error(System) when
-/// none match, listing the interfaces that exist.
+/// none match, listing the interfaces that exist. Found once per process for each value of the two
+/// settings (as NCCL finds its interfaces once) and then remembered, looked for again only when an
+/// address remembered is no longer this host's (its interface went down or changed address); an
+/// interface that comes up later is seen by the next process. Thread-safe.
 std::vector<Interface> selectedInterfaces();
 
 }  // namespace loom

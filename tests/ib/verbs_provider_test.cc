@@ -221,6 +221,46 @@ TEST(VerbsProvider, LoadsThroughLoomsLoaderAndListsItsDevicesAsConfigured) {
   EXPECT_EQ(ports[3].stateText(), "DOWN");
 }
 
+namespace {
+int deviceListings = 0;  // calls of the counting library's ibv_get_device_list
+ibv_device** countedList(int* n) {
+  ++deviceListings;
+  return V().getDeviceList(n);
+}
+ibv_device** noDevices(int* n) {
+  ++deviceListings;
+  *n = 0;
+  errno = ENOSYS;
+  return nullptr;
+}
+}  // namespace
+
+// A communicator's set-up asks for the ports (OpenPort): the devices are listed on the first ask
+// of the process, not on every one, and a machine without any says why every time.
+TEST(VerbsProvider, DevicesAreListedOncePerProcess) {
+  static Verbs counting = V();
+  counting.getDeviceList = countedList;
+  std::string why;
+  const std::vector<PortInfo> first = knownPorts(counting, &why);
+  ASSERT_EQ(first.size(), 4u) << why;
+  EXPECT_EQ(deviceListings, 1);
+  const std::vector<PortInfo> again = knownPorts(counting, &why);
+  EXPECT_EQ(deviceListings, 1) << "listed again";
+  ASSERT_EQ(again.size(), first.size());
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(again[i].describe(), first[i].describe());
+
+  static Verbs none = V();
+  none.getDeviceList = noDevices;
+  deviceListings = 0;
+  for (int i = 0; i < 3; ++i) {
+    why.clear();
+    EXPECT_TRUE(knownPorts(none, &why).empty());
+    EXPECT_NE(why.find("ibv_get_device_list failed"), std::string::npos) << why;
+    EXPECT_NE(why.find("no RDMA support"), std::string::npos) << why;
+  }
+  EXPECT_EQ(deviceListings, 1);
+}
+
 TEST(VerbsProvider, GidChoiceFollowsTheAddressFamilyAndFallsBack) {
   auto gid = [](int index, GidType type, std::vector<uint8_t> head) {
     GidInfo g;

@@ -317,6 +317,110 @@ TEST(Store, RequestsBehindAWaitKeepTheirOrder) {
   EXPECT_EQ(replies[2], std::make_pair(static_cast<uint8_t>(storewire::Reply::Ok), std::string("v")));
 }
 
+namespace {
+
+// A client written by hand on a socket of its own, whose requests go out pipelined.
+struct RawClient {
+  Socket sock;
+  bool open = false;
+  bool connect(const SockAddr& addr, const JobKey& key) {
+    int err = 0;
+    sock = connectTo(addr, Deadline(2s), &err);
+    Bytes msg;
+    uint8_t proof[32];
+    open = sock.valid() && clientHello(sock.fd(), key, &msg) &&
+           sendAll(sock.fd(), msg.data(), msg.size(), Deadline(2s)) == 0 &&
+           recvAll(sock.fd(), proof, sizeof proof, Deadline(2s)) == 0;
+    return open;
+  }
+  bool send(const std::vector<Bytes>& requests) {
+    Bytes msg;
+    for (const Bytes& r : requests) msg.insert(msg.end(), r.begin(), r.end());
+    return sendAll(sock.fd(), msg.data(), msg.size(), Deadline(2s)) == 0;
+  }
+  // The next reply: its code and value ("" on a broken connection, with code 0).
+  std::pair<uint8_t, std::string> reply(std::chrono::milliseconds within = 10s) {
+    uint8_t head[5];
+    if (recvAll(sock.fd(), head, 5, Deadline(within)) != 0) return {0, ""};
+    std::string payload(storewire::getU32(head) - 1, '\0');
+    if (!payload.empty() && recvAll(sock.fd(), payload.data(), payload.size(), Deadline(2s)) != 0) return {0, ""};
+    return {head[4], payload};
+  }
+};
+
+Bytes waitFor(const char* key, uint32_t ms) {
+  Bytes v(4);
+  storewire::putU32(v.data(), ms);
+  return storewire::encodeRequest(storewire::Op::Wait, key, v);
+}
+
+}  // namespace
+
+// Hundreds of clients waiting at once, on a few keys, on keys never set, behind each other, some
+// leaving mid-wait: each wait is answered once, with its own key's value (or NotFound when its time
+// passes), and the requests behind it then run in order (the store indexes its waits by key and by
+// deadline instead of looking at every client on every request).
+TEST(Store, ManyWaitersAreEachAnsweredOnceWithTheirOwnKey) {
+  JobKey key = deriveJobKey("many-waiters");
+  TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);
+  const SockAddr addr = SockAddr::resolve("127.0.0.1", server.port()).front();
+  constexpr int kClients = 300;
+  std::vector<RawClient> clients(kClients);
+  const auto ok = static_cast<uint8_t>(storewire::Reply::Ok);
+  const auto notFound = static_cast<uint8_t>(storewire::Reply::NotFound);
+  auto keyOf = [](int i) { return "k" + std::to_string(i % 10); };
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(clients[static_cast<size_t>(i)].connect(addr, key)) << "client " << i;
+    std::vector<Bytes> reqs;
+    if (i % 7 == 0) {
+      reqs.push_back(waitFor("never", 300));  // times out
+    } else {
+      reqs.push_back(waitFor(keyOf(i).c_str(), 20000));
+    }
+    // Behind the wait: a set that only runs once the wait is answered.
+    reqs.push_back(storewire::encodeRequest(storewire::Op::Set, "done/" + std::to_string(i), text("1")));
+    ASSERT_TRUE(clients[static_cast<size_t>(i)].send(reqs));
+  }
+  // A chain: "a" answers A, whose set of "b" behind its wait answers B.
+  RawClient a, b;
+  ASSERT_TRUE(a.connect(addr, key) && b.connect(addr, key));
+  ASSERT_TRUE(a.send({waitFor("a", 20000), storewire::encodeRequest(storewire::Op::Set, "b", text("from a"))}));
+  ASSERT_TRUE(b.send({waitFor("b", 20000)}));
+  // Some leave while they wait.
+  for (int i = 11; i < kClients; i += 11)
+    if (i % 7 != 0) clients[static_cast<size_t>(i)].sock.reset(-1);
+  TcpStoreClient setter("127.0.0.1", server.port(), key, 0, Deadline(5s), 5s);
+  std::this_thread::sleep_for(500ms);  // the "never" waits run out first
+  for (int k = 0; k < 10; ++k) setter.setString("k" + std::to_string(k), "v" + std::to_string(k));
+  setter.setString("a", "go");
+  for (int i = 0; i < kClients; ++i) {
+    RawClient& c = clients[static_cast<size_t>(i)];
+    if (!c.sock.valid()) continue;
+    const auto first = c.reply();
+    if (i % 7 == 0) {
+      EXPECT_EQ(first.first, notFound) << "client " << i;
+    } else {
+      EXPECT_EQ(first, std::make_pair(ok, "v" + std::to_string(i % 10))) << "client " << i;
+    }
+    EXPECT_EQ(c.reply().first, ok) << "client " << i << "'s set behind its wait";
+  }
+  EXPECT_EQ(a.reply(), std::make_pair(ok, std::string("go")));
+  EXPECT_EQ(a.reply().first, ok);
+  EXPECT_EQ(b.reply(), std::make_pair(ok, std::string("from a")));
+  for (int i = 0; i < kClients; ++i) {
+    const bool left = i % 11 == 0 && i % 7 != 0 && i > 0;
+    EXPECT_EQ(setter.tryGet("done/" + std::to_string(i)).has_value(), !left) << "client " << i;
+  }
+  // Nothing more comes: each wait was answered once.
+  for (int i = 1; i < kClients; i += 37) {
+    RawClient& c = clients[static_cast<size_t>(i)];
+    if (c.sock.valid()) {
+      EXPECT_EQ(c.reply(200ms).first, 0) << "client " << i;
+    }
+  }
+  EXPECT_EQ(server.rejected(), 0);
+}
+
 TEST(Store, StrayClientsAreDroppedAndTheStoreGoesOn) {
   JobKey key = deriveJobKey("stray");
   TcpStoreServer server(SockAddr::resolve("127.0.0.1", 0).front(), key);

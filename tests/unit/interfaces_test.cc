@@ -1,6 +1,12 @@
 #include "net/interfaces.hpp"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
 
 #include "net/socket.hpp"
 
@@ -49,6 +55,37 @@ TEST(Ifname, DefaultSkipsLoopbackWhenSomethingElseExists) {
   if (other) {
     for (auto& i : def) EXPECT_NE(i.name, "lo");
   }
+}
+
+// The selection is remembered per setting, and looked for again once an address it holds is gone:
+// in a network namespace of its own, an interface of a veth pair changes its address between two calls.
+TEST(Ifname, SelectionIsRememberedUntilItsAddressGoes) {
+  if (geteuid() != 0 || std::system("command -v ip > /dev/null") != 0) {
+    GTEST_SKIP() << "needs root and iproute2's ip, to make a network namespace with a veth pair";
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNET) != 0) _exit(77);
+    if (std::system("ip link set lo up && ip link add d0 type veth peer name d1 && ip addr add 198.18.9.1/24 dev d0 && "
+                    "ip link set d1 up && ip link set d0 up") != 0)
+      _exit(77);
+    setenv("LOOM_SOCKET_IFNAME", "=d0", 1);
+    auto first = loom::selectedInterfaces();
+    if (first.size() != 1 || first.front().addr.host() != "198.18.9.1") _exit(1);
+    if (loom::selectedInterfaces().front().addr.host() != "198.18.9.1") _exit(2);
+    setenv("LOOM_SOCKET_IFNAME", "=lo", 1);  // another setting: its own selection
+    if (!loom::selectedInterfaces().front().addr.isLoopback()) _exit(3);
+    if (std::system("ip addr del 198.18.9.1/24 dev d0 && ip addr add 198.18.9.2/24 dev d0") != 0) _exit(77);
+    setenv("LOOM_SOCKET_IFNAME", "=d0", 1);
+    auto later = loom::selectedInterfaces();
+    if (later.size() != 1 || later.front().addr.host() != "198.18.9.2") _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot make a network namespace with a veth pair here";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: first selection, 2: remembered, 3: another setting, 4: after the change";
 }
 
 TEST(PortRange, Parsing) {

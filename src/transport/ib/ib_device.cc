@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include "core/format.hpp"
 
@@ -242,6 +244,24 @@ std::vector<PortInfo> listPorts(const Verbs& v, std::string* why) {
   v.freeDeviceList(list);
   if (out.empty() && why != nullptr) *why = "the RDMA devices found have no port that answers";
   return out;
+}
+
+std::vector<PortInfo> knownPorts(const Verbs& v, std::string* why) {
+  struct Listing {
+    std::vector<PortInfo> ports;
+    std::string why;
+  };
+  static std::mutex mu;
+  static auto* listings = new std::map<const Verbs*, Listing>();  // never destroyed: used up to exit
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = listings->find(&v);
+  if (it == listings->end()) {
+    Listing l;
+    l.ports = listPorts(v, &l.why);
+    it = listings->emplace(&v, std::move(l)).first;
+  }
+  if (it->second.ports.empty() && why != nullptr) *why = it->second.why;
+  return it->second.ports;
 }
 
 int chooseGidIndex(const std::vector<GidInfo>& gids, int family, int forced) {

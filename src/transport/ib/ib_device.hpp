@@ -54,6 +54,11 @@ struct PortInfo {
 /// Every port of every device the library lists; [] and *why when there is none or the library
 /// is absent.
 std::vector<PortInfo> listPorts(const Verbs& v, std::string* why);
+/// listPorts(v) as the process's first call of it for `v` found them: devices are listed once per
+/// process, as NCCL does, not at every communicator's set-up (each listing rescans sysfs and opens
+/// every device; a job that makes dozens of groups paid it dozens of times). A device or port that
+/// appears later is seen by the next process. Thread-safe.
+std::vector<PortInfo> knownPorts(const Verbs& v, std::string* why);
 
 /// The GID index a RoCE port's queue pairs use: `forced` when 0 or more (LOOM_IB_GID_INDEX), else
 /// the first RoCE v2 GID of the address family (AF_INET or AF_INET6; IPv6 ones not link-local),

@@ -10,7 +10,7 @@ namespace ib {
 
 std::unique_ptr<OpenPort> OpenPort::open(const Verbs& v, const IbSettings& settings,
                                          const std::function<Locality()>& locate, std::string* why) {
-  const std::vector<PortInfo> ports = listPorts(v, why);
+  const std::vector<PortInfo> ports = knownPorts(v, why);
   if (ports.empty()) return nullptr;  // *why says why there is none
   const PortInfo* chosen = choosePort(ports, settings.hca, locate(), why);
   if (chosen == nullptr) return nullptr;
