@@ -11,6 +11,7 @@
 
 #include "collectives/comm_view.hpp"
 #include "collectives/plan.hpp"
+#include "core/function_ref.hpp"
 #include "core/request.hpp"
 #include "loom/loom.hpp"
 
@@ -166,6 +167,12 @@ void allReduceDirect(Context& c, const Args& a);
 void barrierDirect(Context& c);
 void broadcastDirect(Context& c, const Args& a);
 void allGatherDirect(Context& c, const Args& a);
+/// One step on the arena of a communicator whose ranks all share it, for exchanges that are no
+/// user call: every rank stages `block` bytes (at most directSmallMaxBytes of the area; every rank
+/// the same count), then `take(rank, bytes)` sees each rank's, this one's included, in rank order,
+/// before any rank writes its area again. With the same-call check, on the call's signature. A
+/// rank reads only what it needs of the others' (a split's groups read their members').
+void exchangeDirect(Context& c, const void* send, size_t block, FunctionRef<void(int, const uint8_t*)> take);
 // hierarchical.cc: node-aware: within each node over shared memory, across nodes between one
 // leader per node, then within each node again.
 void allReduceHierarchical(Context& c, const Args& a);

@@ -228,6 +228,20 @@ void barrierDirect(Context& c) {
   smallExchange(c, *c.comm().arena(), 0, c.signature(), nullptr, 0, [](size_t) {});
 }
 
+void exchangeDirect(Context& c, const void* send, size_t block, FunctionRef<void(int, const uint8_t*)> take) {
+  const shm::LocalArena& ar = *c.comm().arena();
+  if (block > directSmallMaxBytes(ar.bytes)) {
+    throw Status::error(ErrorCode::Internal,
+                        strFormat("%s: an exchange of %zu bytes a rank through the arena (at most %zu)", c.name(),
+                                  block, directSmallMaxBytes(ar.bytes)))
+        .toError(c.comm().rank());
+  }
+  smallExchange(c, ar, block, c.signature(), send, block, [&](size_t half) {
+    for (size_t p = 0; p < ar.buffers.size(); ++p)
+      take(ar.ranks[p], static_cast<int>(p) == ar.me ? cbytes(send) : ar.buffers[p] + half);
+  });
+}
+
 void broadcastDirect(Context& c, const Args& a) {
   const shm::LocalArena& ar = *c.comm().arena();
   const size_t total = a.count * a.elem;

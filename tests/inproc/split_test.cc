@@ -180,6 +180,44 @@ TEST(Split, TakesThreeOfTheParentsCallsAndLinksNothingMadeOnFirstUse) {
   }
 }
 
+// Within one node the records are swapped through the parent's arena, one step for all the groups,
+// and the split makes no link of the parent's (over the links, each group's swap linked its members
+// to one another): groups that link at init (4 ranks: their links are made then) and groups whose
+// links are made on first use (10 ranks), with ranks of no group, the parent in step after each.
+TEST(Split, WithinANodeItSwapsThroughTheArenaAndLinksNoOne) {
+  loomtest::TransportSetup links("shm");
+  loomtest::runOk(12, [](loom::Communicator& c) {
+    const int r = c.rank();
+    int32_t y = 1;
+    c.allReduce(&y, &y, 1, DataType::Int32, ReduceOp::Sum);  // through the arena: no link
+    ASSERT_EQ(c.linkCount(), 0);
+    const int64_t before = nextSeq(c);
+    loom::Communicator fours = c.split(r == 11 ? loom::kSplitNoColor : r % 3, r);
+    EXPECT_EQ(nextSeq(c) - before - 1, 3);
+    EXPECT_EQ(c.linkCount(), 0) << "the split linked the parent";
+    if (r != 11) {
+      ASSERT_EQ(fours.size(), r % 3 == 2 ? 3 : 4);
+      EXPECT_EQ(fours.linkCount(), fours.size() - 1);  // up to 8 ranks: linked at init
+      std::vector<int32_t> want;
+      for (int q = r % 3; q < 11; q += 3) want.push_back(q);
+      EXPECT_EQ(members(fours, r), want);
+    }
+    loom::Communicator most = c.split(r < 10 ? 0 : loom::kSplitNoColor, -r);
+    EXPECT_EQ(c.linkCount(), 0);
+    if (r < 10) {
+      ASSERT_EQ(most.size(), 10);
+      EXPECT_EQ(most.rank(), 9 - r);
+      std::vector<int64_t> v(777, r);
+      most.allReduce(v.data(), v.data(), v.size(), DataType::Int64, ReduceOp::Sum);
+      EXPECT_EQ(v[776], 45);
+    } else {
+      EXPECT_FALSE(most.valid());
+    }
+    c.allReduce(&y, &y, 1, DataType::Int32, ReduceOp::Sum);
+    EXPECT_EQ(y, 12 * 12);
+  });
+}
+
 // A record longer than its slot (a long host identity here) takes the second round of the swap.
 TEST(Split, LongRecordsStillMeet) {
   loom::Options options;
