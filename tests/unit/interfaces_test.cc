@@ -84,7 +84,10 @@ TEST(Ifname, SelectionIsRememberedUntilItsAddressGoes) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot make a network namespace with a veth pair here";
+  if (WEXITSTATUS(status) == 77) {
+    GTEST_SKIP() << "unshare(CLONE_NEWNET) or `ip link add d0 type veth peer name d1` failed: run as root on a kernel "
+                    "with network namespaces and veth (modprobe veth), outside a container that forbids them";
+  }
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: first selection, 2: remembered, 3: another setting, 4: after the change";
 }
 
