@@ -193,7 +193,7 @@ Args makeArgs(const void* send, void* recv, size_t count, DataType type, ReduceO
 Work allReduceImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st,
                    bool async) {
   auto& c = implOf(comm);
-  c.checkOk();
+  c.checkOk("all_reduce");
   size_t b = c.checkBuffer(s, n, t, "all-reduce");
   c.checkBuffer(r, n, t, "all-reduce");
   checkOp(op, c.rank());
@@ -206,7 +206,7 @@ Work allReduceImpl(const Communicator& comm, const void* s, void* r, size_t n, D
 Work broadcastImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, int root, void* st,
                    bool async) {
   auto& c = implOf(comm);
-  c.checkOk();
+  c.checkOk("broadcast");
   c.checkPeer(root, "broadcast root");
   size_t b = c.checkBuffer(r, n, t, "broadcast");
   if (c.rank() == root) {
@@ -221,7 +221,7 @@ Work broadcastImpl(const Communicator& comm, const void* s, void* r, size_t n, D
 Work reduceImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, int root, void* st,
                 bool async) {
   auto& c = implOf(comm);
-  c.checkOk();
+  c.checkOk("reduce");
   c.checkPeer(root, "reduce root");
   size_t b = c.checkBuffer(s, n, t, "reduce");
   checkOp(op, c.rank());
@@ -236,7 +236,7 @@ Work reduceImpl(const Communicator& comm, const void* s, void* r, size_t n, Data
 
 Work allGatherImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, void* st, bool async) {
   auto& c = implOf(comm);
-  c.checkOk();
+  c.checkOk("all_gather");
   size_t b = c.checkBuffer(s, n, t, "all-gather");
   size_t total = c.checkBuffer(r, timesSize(c, n, "all-gather"), t, "all-gather");
   const void* inPlace = static_cast<const uint8_t*>(r) + static_cast<size_t>(c.rank()) * b;
@@ -249,7 +249,7 @@ Work allGatherImpl(const Communicator& comm, const void* s, void* r, size_t n, D
 Work reduceScatterImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st,
                        bool async) {
   auto& c = implOf(comm);
-  c.checkOk();
+  c.checkOk("reduce_scatter");
   size_t total = c.checkBuffer(s, timesSize(c, n, "reduce-scatter"), t, "reduce-scatter");
   size_t b = c.checkBuffer(r, n, t, "reduce-scatter");
   checkOp(op, c.rank());
@@ -262,7 +262,7 @@ Work reduceScatterImpl(const Communicator& comm, const void* s, void* r, size_t 
 
 Work allToAllImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, void* st, bool async) {
   auto& c = implOf(comm);
-  c.checkOk();
+  c.checkOk("all_to_all");
   size_t total = c.checkBuffer(s, timesSize(c, n, "all-to-all"), t, "all-to-all");
   c.checkBuffer(r, timesSize(c, n, "all-to-all"), t, "all-to-all");
   checkOverlap(c, s, total, r, total, r, "all-to-all");
@@ -291,7 +291,7 @@ Work allToAllvImpl(const Communicator& comm, const void* s, const std::vector<si
                    const std::vector<size_t>& sendDispls, void* r, const std::vector<size_t>& recvCounts,
                    const std::vector<size_t>& recvDispls, DataType t, void* st, bool async) {
   auto& c = implOf(comm);
-  c.checkOk();
+  c.checkOk("all_to_allv");
   c.checkBuffer(nullptr, 0, t, "all-to-all-v");  // the datatype
   const auto n = static_cast<size_t>(c.size());
   if (sendCounts.size() != n || sendDispls.size() != n || recvCounts.size() != n || recvDispls.size() != n) {

@@ -140,8 +140,11 @@ void CommImpl::abort() {
   failure_->fail(Status::error(ErrorCode::Aborted, strFormat("communicator \"%s\" was aborted", name_.c_str())));
 }
 
-void CommImpl::checkOk() const {
-  if (failure_->failed()) throw failure_->first().toError(rank_);
+void CommImpl::checkOk(const char* call) const {
+  if (!failure_->failed()) return;
+  Status s = failure_->first();
+  if (call != nullptr) s.message = strFormat("%s: this communicator had already failed: %s", call, s.message.c_str());
+  throw s.toError(rank_);
 }
 
 void CommImpl::checkPeer(int peer, const char* what) const {
@@ -211,7 +214,7 @@ RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, c
 }
 
 RequestPtr CommImpl::isend(const void* buf, size_t count, DataType type, int peer, uint32_t tag) {
-  checkOk();
+  checkOk("send");
   checkPeer(peer, "send");
   size_t bytes = checkBuffer(buf, count, type, "send");
   if (tag >= kCollectiveTagBit)
@@ -225,7 +228,7 @@ RequestPtr CommImpl::isend(const void* buf, size_t count, DataType type, int pee
 }
 
 RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uint32_t tag) {
-  checkOk();
+  checkOk("recv");
   if (peer != kAnyPeer) checkPeer(peer, "recv");
   size_t bytes = checkBuffer(buf, count, type, "recv");
   if (tag >= kCollectiveTagBit)
@@ -238,7 +241,7 @@ RequestPtr CommImpl::irecv(void* buf, size_t count, DataType type, int peer, uin
 }
 
 RequestPtr CommImpl::submit(const std::string& what, std::function<void(int64_t)> body, uint64_t sig, int64_t seqs) {
-  checkOk();
+  checkOk(what.c_str());
   const int64_t seq = nextSeq_.fetch_add(seqs);
   auto done = std::make_shared<Request>(rank_, -1, strFormat("%s #%lld", what.c_str(), static_cast<long long>(seq)),
                                         timeout_, failure_);

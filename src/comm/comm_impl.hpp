@@ -86,7 +86,7 @@ class CommImpl : public Progressable, public coll::CommView {
   /// queued behind the calls in flight (`body` is then copied into the queue).
   template <typename Body>
   void run(const char* what, Body&& body, uint64_t sig = 0) {
-    checkOk();
+    checkOk(what);
     if (runInlineIfIdle(FunctionRef<void(int64_t)>(body), sig)) return;
     submit(what, std::function<void(int64_t)>(std::forward<Body>(body)), sig)->wait();
   }
@@ -181,8 +181,10 @@ class CommImpl : public Progressable, public coll::CommView {
 
   // ---- Errors and lifetime. ----
   void abort();
-  /// Throws the failure that marked this communicator failed, if any.
-  void checkOk() const;
+  /// Throws the failure that marked this communicator failed, if any: its code, peer and sequence
+  /// number, and its message, after `call` ("all_reduce") where given, so that a call made after the
+  /// failure (which a progress thread may have found between two calls) still says what it was.
+  void checkOk(const char* call = nullptr) const;
   std::shared_ptr<FailureState> failureState() const override { return failure_; }
   /// Throws InvalidArgument unless peer names a rank.
   void checkPeer(int peer, const char* what) const;

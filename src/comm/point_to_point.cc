@@ -57,7 +57,7 @@ RequestPtr allOf(detail::CommImpl& c, const std::vector<RequestPtr>& parts, cons
 
 Work Communicator::igroup(const std::vector<PointToPoint>& ops, void* stream) {
   auto& c = live(*this);
-  c.checkOk();
+  c.checkOk("grouped send/recv");
   int dev = -2;
   for (const auto& op : ops) {
     if (op.send || op.peer != kAnySource) c.checkPeer(op.peer, op.send ? "send" : "recv");

@@ -441,12 +441,25 @@ TEST(Communicator, TimeoutNamesWhatWasAwaited) {
             EXPECT_NE(std::string(e.what()).find("recv of 1 int32 from rank 0 (tag 3)"), std::string::npos) << e.what();
             EXPECT_EQ(e.peer(), 0);
           }
-          // The communicator is failed now: every later call reports the original cause.
+          // The communicator is failed now: every later call reports the original cause, after its
+          // own name (a failure a progress thread found between two calls is still said by the call).
           try {
             c.barrier();
             ADD_FAILURE() << "no error after timeout";
           } catch (const loom::Error& e) {
             EXPECT_EQ(e.code(), loom::ErrorCode::Timeout);
+            EXPECT_EQ(e.peer(), 0);
+            const std::string what = e.what();
+            EXPECT_NE(what.find("barrier: this communicator had already failed"), std::string::npos) << what;
+            EXPECT_NE(what.find("recv of 1 int32 from rank 0 (tag 3)"), std::string::npos) << what;
+          }
+          float f = 1;
+          try {
+            c.allReduce(&f, &f, 1, DataType::Float32, loom::ReduceOp::Sum);
+            ADD_FAILURE() << "no error after timeout";
+          } catch (const loom::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("all_reduce: this communicator had already failed"), std::string::npos)
+                << e.what();
           }
         } else {
           std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // alive, but silent
