@@ -45,14 +45,27 @@ os.chdir(os.path.dirname(os.path.abspath(__file__)))
 
 # CUDA tensors: PyTorch's CUDA headers and libraries (c10_cuda, torch_cuda) and the toolkit's headers.
 with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+# The CUDA path compiled on a machine whose PyTorch has no CUDA (tools/torch2-env build-cuda, in CI):
+# the headers PyTorch's CUDA build adds, from LOOM_TORCH_CUDA_HEADERS, and the toolkit's. The result
+# links with its CUDA symbols left for load time, which only a PyTorch with CUDA can satisfy: it
+# checks that the code compiles, and is not for importing.
+cuda_headers = os.environ.get("LOOM_TORCH_CUDA_HEADERS")
 Extension = CppExtension
 defines = []
-if with_cuda:
-    from torch.utils.cpp_extension import CUDAExtension
-    Extension = CUDAExtension
+if with_cuda or cuda_headers:
     # PyTorch's c10/cuda/CUDAEvent.h aligns with std::hardware_destructive_interference_size, which
     # gcc 12+ warns about in every file that includes it.
     defines = ["-DLOOM_TORCH_CUDA", "-Wno-interference-size"]
+if with_cuda:
+    from torch.utils.cpp_extension import CUDAExtension
+    Extension = CUDAExtension
+elif cuda_headers:
+    toolkit = cpp_extension.CUDA_HOME or "/usr/local/cuda"
+    if not os.path.isfile(os.path.join(toolkit, "include", "cuda_runtime_api.h")):
+        raise SystemExit("loom_torch: LOOM_TORCH_CUDA_HEADERS is set, but the CUDA toolkit's headers are not in %s "
+                         "(set CUDA_HOME)" % toolkit)
+    # -isystem: their own warnings are not this extension's.
+    defines += ["-isystem", cuda_headers, "-isystem", os.path.join(toolkit, "include")]
 
 # The C++ library ABI PyTorch was built with: recent PyTorch no longer passes it to extensions, and a
 # compiler whose default differs (some toolchains default to the old std::string) builds an
