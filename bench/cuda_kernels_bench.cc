@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     if (a == "-n") iters = std::atoi(argv[i + 1]);
     if (a == "-i") inputs = std::atoi(argv[i + 1]);
   }
-  if (loom::device::runtime() == nullptr) {
+  if (loom::device::startRuntime() == nullptr) {
     std::printf("cuda_kernels_bench: %s\n", loom::device::unavailableReason().c_str());
     return 0;
   }

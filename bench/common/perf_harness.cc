@@ -511,7 +511,7 @@ int perfMain(int argc, char** argv, Kind kind) {
     b.send.assign(o.maxBytes + 64, 0);
     b.recv.assign(o.maxBytes + 64, 0);
     if (o.device) {
-      b.rt = device::runtime();
+      b.rt = device::startRuntime();
       if (b.rt == nullptr) {
         if (rank == 0) std::fprintf(stderr, "--device cuda: %s\n", device::unavailableReason().c_str());
         return 2;

@@ -385,7 +385,8 @@ class Communicator {
                  DataType type, void* cudaStream = nullptr);
 
   /// Where Loom sees `p`: -1 for host memory, else the CUDA device it belongs to (always -1 when
-  /// Loom is built without CUDA or no device is present).
+  /// Loom is built without CUDA, no device is present, or the process has not used CUDA: Loom
+  /// never starts CUDA itself for host buffers).
   static int deviceOf(const void* p);
 
   // ---- Lifetime and errors. ----

@@ -154,11 +154,25 @@ class DeviceRuntime {
   }
 };
 
-/// The runtime in use: a test's (setRuntimeForTesting), else CUDA's where Loom is built with CUDA
-/// and a device is present, else nullptr (every buffer is then host memory).
+/// The runtime in use, never started by this call: a test's (setRuntimeForTesting), else CUDA's
+/// where Loom is built with CUDA, a device is present and this process already uses CUDA (its
+/// driver initialised, by Loom or anyone: device/presence.hpp), else nullptr (every buffer is then
+/// host memory, as it must be: device memory exists only where CUDA is in use). So host buffers
+/// never make Loom start CUDA or create a context on a GPU.
 DeviceRuntime* runtime();
 
-/// Why runtime() is nullptr, in one line ("Loom is built without CUDA", "no CUDA device: ...").
+/// runtime(), starting CUDA where it is not yet (where built with it and a device is present):
+/// for tools and tests that allocate device memory through the runtime themselves.
+DeviceRuntime* startRuntime();
+
+/// Whether this process may have a CUDA device, decided without starting CUDA: exactly where CUDA
+/// is in use (or a test's runtime is installed), else from the driver's device files and
+/// CUDA_VISIBLE_DEVICES. The cuda_ipc transport reaches local peers where this holds.
+bool devicesPresent();
+
+/// Why runtime() gives nullptr, or startRuntime() once called, in one line ("Loom is built without
+/// CUDA", "this process has not used CUDA", "no usable CUDA device or driver: ..."); "" where it
+/// does not. Starts nothing.
 std::string unavailableReason();
 
 /// Installs `rt` (nullptr: back to the real one) for tests. Not thread-safe against calls in flight.

@@ -14,9 +14,9 @@
 
 namespace loomtest {
 
-#define LOOM_REQUIRE_GPU()                                                                                        \
-  do {                                                                                                            \
-    if (loom::device::runtime() == nullptr) GTEST_SKIP() << "no GPU here: " << loom::device::unavailableReason(); \
+#define LOOM_REQUIRE_GPU()                                                                                             \
+  do {                                                                                                                 \
+    if (loom::device::startRuntime() == nullptr) GTEST_SKIP() << "no GPU here: " << loom::device::unavailableReason(); \
   } while (0)
 
 #define LOOM_CUDA_OK(call)                                                 \

@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     dev = std::make_unique<loomtest::FakeDevice>();
     loom::device::setRuntimeForTesting(dev.get());
   }
-  loom::device::DeviceRuntime* rt = loom::device::runtime();
+  loom::device::DeviceRuntime* rt = loom::device::startRuntime();
   if (rt == nullptr) {
     std::printf("no usable device: %s\n", loom::device::unavailableReason().c_str());
     return 77;

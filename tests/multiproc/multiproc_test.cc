@@ -352,6 +352,41 @@ TEST(Loomrun, RunsTheExample) {
       << out;
 }
 
+// Host collectives leave CUDA alone: no rank so much as maps the CUDA driver's library (the
+// dynamic loader says what it opens: LD_DEBUG=files), let alone makes a context on a GPU, though
+// Loom is built with CUDA and a libcuda.so.1 is on the library path (the toolkit's stub, where a GPU
+// machine has its driver's). loom-info, which starts CUDA, opens it: the stub is where CUDA looks.
+TEST(CudaIpc, HostCollectivesNeverStartCuda) {
+  const std::string stub = path("LOOM_CUDA_STUB");
+  if (stub.empty()) GTEST_SKIP() << "Loom is built without CUDA, or the toolkit has no lib64/stubs/libcuda.so";
+  char dir[] = "/tmp/loom-cuda-stub-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string lib = std::string(dir) + "/libcuda.so.1";
+  ASSERT_EQ(symlink(stub.c_str(), lib.c_str()), 0) << std::strerror(errno);
+  const Env env{{"LD_LIBRARY_PATH", dir}, {"LD_DEBUG", "files"}};
+  std::string out;
+  EXPECT_EQ(finish(start({path("LOOM_INFO")}, env), 60, &out), 0) << out;
+  const std::string opened = "opening file=" + lib;  // what the loader says when it maps the library
+  EXPECT_NE(out.find(opened), std::string::npos) << "CUDA did not open the stub: " << out;
+  EXPECT_NE(out.find("stub library"), std::string::npos) << out;
+  const std::string port = std::to_string(freePort());
+  std::vector<Proc> procs;
+  for (int r = 0; r < 2; ++r) {
+    Env e = torchEnv(r, 2, port);
+    e.insert(env.begin(), env.end());
+    procs.push_back(start({path("LOOM_TEST_WORKER"), "collectives"}, e));
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(finish(procs[static_cast<size_t>(r)], 120, &out), 0) << "rank " << r << ":\n" << out;
+    EXPECT_NE(out.find("of 2 ok"), std::string::npos) << out;
+    EXPECT_NE(out.find("file=libloom.so"), std::string::npos) << "no LD_DEBUG output: " << out;
+    // (Loom asking the loader whether libcuda is already there is not an opening: RTLD_NOLOAD.)
+    EXPECT_EQ(out.find(opened), std::string::npos) << "rank " << r << " opened CUDA's driver: " << out;
+  }
+  unlink(lib.c_str());
+  rmdir(dir);
+}
+
 // Device buffers between processes through CUDA IPC, on the emulated device (memfd-backed
 // "device memory", mapped by the peers through /proc as cudaIpcOpenMemHandle maps a GPU
 // allocation): the collectives matrix against the reference, each peer's buffer mapped once and

@@ -12,7 +12,7 @@ CudaIpcTransport::~CudaIpcTransport() {
 }
 
 bool CudaIpcTransport::reaches(const TransportContext& ctx, int peer) const {
-  return device::runtime() != nullptr && shm_.reaches(ctx, peer);
+  return device::devicesPresent() && shm_.reaches(ctx, peer);
 }
 
 std::vector<std::unique_ptr<Connection>> CudaIpcTransport::connect(TransportContext& ctx,
@@ -21,7 +21,7 @@ std::vector<std::unique_ptr<Connection>> CudaIpcTransport::connect(TransportCont
   LOOM_INFO(
       "cuda_ipc: device buffers shared with %zu local peer(s) through CUDA IPC (%s), host bytes over shared "
       "memory%s",
-      peers.size(), device::runtime() != nullptr ? device::runtime()->name() : "no runtime",
+      peers.size(), device::runtime() != nullptr ? device::runtime()->name() : "CUDA started on a first device buffer",
       shm_.arena() != nullptr ? "" : "; no shared arena, so device collectives are staged through host memory");
   return conns;
 }

@@ -1,4 +1,5 @@
-// CudaIpcTransport: first in the registry for ranks of one node when a CUDA device is usable.
+// CudaIpcTransport: first in the registry for ranks of one node when a CUDA device is present
+// (device::devicesPresent: chosen without starting CUDA, which starts on a first device buffer).
 // Device buffers of the node's ranks are shared through CUDA IPC: each rank exports the handles
 // of its buffers for a collective (cudaIpcGetMemHandle of the allocation, plus the offset) in its
 // device record in the node's shared arena, and its peers map them (cudaIpcOpenMemHandle, cached
@@ -33,7 +34,8 @@ class CudaIpcTransport : public Transport, public shm::ArenaProvider, public Ipc
     p.deviceMemory = true;
     return p;
   }
-  /// Peers the shared-memory transport reaches, when this process has a CUDA device.
+  /// Peers the shared-memory transport reaches, when this process may have a CUDA device (decided
+  /// without starting CUDA: device::devicesPresent).
   bool reaches(const TransportContext& ctx, int peer) const override;
   void publish(TransportContext& ctx) override { shm_.publish(ctx); }
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
