@@ -133,11 +133,11 @@ void printRdmaDevices() {
 }
 
 void printInfo() {
-  std::printf("Loom %s\n", LOOM_VERSION_STRING);
+  std::printf("Loom %s (public headers %s)\n", loomGetBuildId(), loomGetHeadersDigest());
   std::printf("CPU reduction kernels: %s (chosen at run time)\n", loom::kernels::isaName());
   std::printf("Build features: CUDA %s, InfiniBand verbs %s, hwloc %s\n", LOOM_HAVE_CUDA ? "toolkit found" : "no",
               LOOM_HAVE_IBVERBS ? "library found" : "no", LOOM_HAVE_HWLOC ? "library found" : "no");
-  if (loom::device::DeviceRuntime* rt = loom::device::runtime()) {
+  if (loom::device::DeviceRuntime* rt = loom::device::startRuntime()) {
     std::printf(
         "Device buffers: %d CUDA device(s); collectives among the ranks of one node through CUDA IPC (transport "
         "cuda_ipc; several ranks may share a GPU), across nodes staged through pinned host memory (send/recv over ib "

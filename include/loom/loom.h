@@ -124,6 +124,19 @@ typedef struct {
 /** Writes LOOM_VERSION_CODE of the library actually linked. */
 loomResult_t loomGetVersion(int* version);
 
+/** The library's version and the commit it was built from, e.g. "0.1.0+4acc468d1a2b" ("-dirty"
+ * after it where the tree had uncommitted changes; "unknown" outside a git checkout). */
+const char* loomGetBuildId(void);
+
+/**
+ * A digest of the public headers (loom.h, loom.hpp, ddp.hpp) the library was compiled with: 16 hex
+ * digits of SHA-256 over each file's name, length and contents, in that order. Code compiled
+ * against other headers may disagree with the library on a type's layout; a program or extension
+ * that records the digest of the headers it was compiled with can refuse to run against another
+ * library (the PyTorch extension does so at import).
+ */
+const char* loomGetHeadersDigest(void);
+
 /**
  * Creates a new unique id and starts, in this process, the rendezvous store it points to. The
  * store listens on the interface chosen by LOOM_SOCKET_IFNAME, on a free port (or on

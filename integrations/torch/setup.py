@@ -8,6 +8,8 @@ toolkit found), the backend also takes CUDA tensors (csrc/device.cc, LOOM_TORCH_
 
     /usr/bin/python3 setup.py build --build-base BUILD_DIR --build-lib OUT_DIR
 """
+import ctypes
+import hashlib
 import os
 import subprocess
 import sys
@@ -76,6 +78,47 @@ cflags = pkg_config("--cflags")
 libs = pkg_config("--libs")
 rpaths = ["-Wl,-rpath," + flag[2:] for flag in libs if flag.startswith("-L")]
 
+
+def headers_digest(include_dir):
+    """tools/build_id.py's digest of Loom's public headers in include_dir/loom."""
+    h = hashlib.sha256()
+    for name in ("loom.h", "loom.hpp", "ddp.hpp"):
+        with open(os.path.join(include_dir, "loom", name), "rb") as f:
+            data = f.read()
+        h.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()[:16]
+
+
+def loom_headers_and_library():
+    """The digest of the headers this build compiles against, and the digest and build id the
+    libloom it links reports. An extension compiled against one Loom's headers and loaded with
+    another's library may disagree with it on a type's layout: a crash at the first call."""
+    dirs = [f[2:] for f in cflags if f.startswith("-I")] + ["/usr/local/include", "/usr/include"]
+    include = next((d for d in dirs if os.path.isfile(os.path.join(d, "loom", "loom.hpp"))), None)
+    if include is None:
+        raise SystemExit("loom_torch: Loom's headers (loom/loom.hpp) are in none of " + " ".join(dirs))
+    names = [os.path.join(f[2:], "libloom.so") for f in libs if f.startswith("-L")] + ["libloom.so.0"]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        raise SystemExit("loom_torch: cannot load libloom (tried %s)" % ", ".join(names))
+    for fn in (lib.loomGetHeadersDigest, lib.loomGetBuildId):
+        fn.restype = ctypes.c_char_p
+    return headers_digest(include), lib.loomGetHeadersDigest().decode(), lib.loomGetBuildId().decode(), include
+
+
+digest, lib_digest, build_id, include = loom_headers_and_library()
+if digest != lib_digest:
+    raise SystemExit("loom_torch: Loom's headers in %s (digest %s) are not those libloom %s was built with (%s): "
+                     "rebuild Loom, or point LOOM_CFLAGS / PKG_CONFIG_PATH at its own headers" %
+                     (include, digest, build_id, lib_digest))
+# Checked again at import, against the libloom then loaded (csrc/module.cc).
+stamp_defines = ['-DLOOM_TORCH_HEADERS_DIGEST="%s"' % digest, '-DLOOM_TORCH_BUILT_WITH="%s"' % build_id]
+
 # Under Meson the compiler lines go to <stamp>.log, and to the terminal only when the build fails.
 log = None
 if stamp:
@@ -95,7 +138,7 @@ try:
                 "loom_torch._C",
                 sources=["csrc/module.cc", "csrc/backend.cc", "csrc/work.cc", "csrc/tensors.cc", "csrc/sparse.cc",
                          "csrc/coalesced.cc", "csrc/device.cc"],
-                extra_compile_args=cflags + defines + abi + ["-std=c++17", "-O2", "-Wall", "-Wno-unused-parameter",
+                extra_compile_args=cflags + defines + abi + stamp_defines + ["-std=c++17", "-O2", "-Wall", "-Wno-unused-parameter",
                                              "-Wno-deprecated-declarations",
                                              # gcc 13+ warns inside PyTorch 2.x's own headers
                                              "-Wno-dangling-reference", "-Werror"],

@@ -106,3 +106,33 @@ def body_exit_after_send(rank, world):
 
 def test_a_rank_that_leaves_after_its_last_send_breaks_nothing():
     harness.run(body_exit_after_send, 2)
+
+
+def test_a_libloom_built_from_other_headers_is_refused_at_import(tmp_path):
+    """The extension records the digest of Loom's headers it was compiled against and refuses, at
+    import, a libloom built from others (a layout the two disagree on would crash at a first call):
+    here a copy of the library whose recorded digest is changed, found first on the library path."""
+    import ctypes
+    import subprocess
+    import sys
+
+    import loom_torch
+
+    assert loom_torch._C.loom_build_id
+    with open("/proc/self/maps") as maps:  # the libloom the extension loaded
+        so = next(line.split()[-1] for line in maps if "/libloom.so" in line)
+    lib = ctypes.CDLL(so)
+    lib.loomGetHeadersDigest.restype = ctypes.c_char_p
+    digest = lib.loomGetHeadersDigest()
+    data = open(so, "rb").read()
+    assert data.count(digest) == 1, "the digest %s is not once in %s" % (digest, so)
+    (tmp_path / "libloom.so.0").write_bytes(data.replace(digest, b"0123456789abcdef"))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", "import torch, loom_torch"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0, "imported against a libloom of other headers"
+    assert "ImportError" in run.stderr and "reinstall or rebuild loom_torch" in run.stderr, run.stderr
+    assert str(tmp_path) in run.stderr and "headers 0123456789abcdef" in run.stderr, run.stderr
+    # The library as built imports.
+    ok = subprocess.run([sys.executable, "-c", "import torch, loom_torch"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr

@@ -1,5 +1,7 @@
 // The Python module loom_torch._C: the backend factory torch.distributed calls, and the launcher
 // detection that spares users computing rank and world size from SLURM_* or OMPI_* by hand.
+#include <dlfcn.h>
+#include <loom/loom.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -65,9 +67,25 @@ py::dict launch() {
   return d;
 }
 
+// The libloom loaded now was built from the headers this module was compiled against (setup.py
+// checked the one it linked; another may be found at run time): else a type's layout may differ
+// between the two, and the first call would crash instead of failing.
+void checkLoadedLoom() {
+  const char* digest = loomGetHeadersDigest();
+  if (std::string(digest) == LOOM_TORCH_HEADERS_DIGEST) return;
+  Dl_info where{};
+  dladdr(reinterpret_cast<void*>(&loomGetHeadersDigest), &where);
+  throw py::import_error(std::string("loom_torch was compiled against Loom ") + LOOM_TORCH_BUILT_WITH + " (headers " +
+                         LOOM_TORCH_HEADERS_DIGEST + "), but the libloom loaded now, " +
+                         (where.dli_fname != nullptr ? where.dli_fname : "(unknown path)") + ", is Loom " +
+                         loomGetBuildId() + " (headers " + digest +
+                         "): reinstall or rebuild loom_torch against the Loom it will load");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  checkLoadedLoom();
   // The c10d types (Store, ProcessGroup/Backend) are registered by torch.distributed.
   py::module::import("torch.distributed");
   m.doc() = "Loom collectives as a torch.distributed backend";
@@ -94,5 +112,6 @@ PYBIND11_MODULE(_C, m) {
         "The peers the group's Loom communicator holds a link to now (links are made on first use above 8 "
         "ranks). On PyTorch 2 pass group._get_backend(torch.device('cpu')).");
   m.attr("has_cuda") = loom_torch::builtWithCuda();
+  m.attr("loom_build_id") = loomGetBuildId();
   m.attr("torch_api") = TORCH_VERSION_MAJOR >= 2 ? "c10d::Backend" : "c10d::ProcessGroup";
 }
