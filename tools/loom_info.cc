@@ -68,11 +68,33 @@ void printEnv() {
   }
 }
 
+const char* whereRuns(loom::coll::Needs n) {
+  switch (n) {
+    case loom::coll::Needs::Links:
+      return "anywhere";
+    case loom::coll::Needs::OneNodeArena:
+      return "one node";
+    case loom::coll::Needs::SeveralNodes:
+      return "nodes";
+    case loom::coll::Needs::CanonicalNodes:
+      return "even nodes";
+  }
+  return "?";
+}
+
 void printAlgos() {
   using loom::coll::Coll;
+  std::printf(
+      "The algorithms (LOOM_ALGO takes a name, or collective:name; rows marked (reproducible) serve\n"
+      "reproducible mode's float reductions and are not forced)\n\n");
+  std::printf("%-15s %-15s %-26s %-10s %s\n", "collective", "name", "also", "runs", "what");
+  for (const auto& row : loom::coll::algorithmTable()) {
+    std::printf("%-15s %-15s %-26s %-10s %s%s\n", loom::coll::collName(row.coll), row.name, row.aliases,
+                whereRuns(row.needs), row.mode == loom::coll::Mode::Reproducible ? "(reproducible) " : "", row.why);
+  }
   const auto model = loom::coll::costModelFor(loom::tcp::TcpTransport::linkProperties());
   const std::string forced = loom::coll::algoOverrideFromEnv();
-  std::printf("Algorithm chosen per collective, message size (whole buffer) and world size\n");
+  std::printf("\nAlgorithm chosen per collective, message size (whole buffer) and world size, flat\n");
   std::printf(
       "(cost model: %.0f us per message, %.2f GB/s per link, reduction %.1f GB/s, %zu-byte ring chunks, %zu-byte chain "
       "chunks, %zu-byte tree chunks; LOOM_ALGO=\"%s\")\n\n",
@@ -81,8 +103,8 @@ void printAlgos() {
   const int ranks[] = {2, 3, 4, 8, 16, 32, 64, 256};
   const size_t sizes[] = {8, 1024, 64 * 1024, 256 * 1024, 1 << 20, 4 << 20, 16 << 20, 256 << 20};
   const char* sizeNames[] = {"8B", "1K", "64K", "256K", "1M", "4M", "16M", "256M"};
-  for (Coll c :
-       {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll}) {
+  for (int i = 0; i < loom::coll::kCollCount; ++i) {
+    const auto c = static_cast<Coll>(i);
     std::printf("%-15s", loom::coll::collName(c));
     for (const char* s : sizeNames) std::printf(" %7s", s);
     std::printf("\n");

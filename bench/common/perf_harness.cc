@@ -161,7 +161,12 @@ std::string strFactor(double f) {
 }
 
 bool hasOp(Kind k) { return k == Kind::AllReduce || k == Kind::Reduce || k == Kind::ReduceScatter; }
-bool hasRoot(Kind k) { return k == Kind::Broadcast || k == Kind::Reduce; }
+bool hasRoot(Kind k) { return k == Kind::Broadcast || k == Kind::Reduce || k == Kind::Gather || k == Kind::Scatter; }
+// Whether a "size" is the whole buffer of n blocks (nccl-tests: size is the largest buffer).
+bool ofBlocks(Kind k) {
+  return k == Kind::AllGather || k == Kind::ReduceScatter || k == Kind::AllToAll || k == Kind::Gather ||
+         k == Kind::Scatter;
+}
 // The collective's name for Communicator::algorithmFor; null for send/recv (no algorithm).
 const char* collectiveOf(Kind k) {
   switch (k) {
@@ -177,6 +182,10 @@ const char* collectiveOf(Kind k) {
       return "reduce_scatter";
     case Kind::AllToAll:
       return "all_to_all";
+    case Kind::Gather:
+      return "gather";
+    case Kind::Scatter:
+      return "scatter";
     case Kind::SendRecv:
       return nullptr;
   }
@@ -196,6 +205,10 @@ const char* title(Kind k) {
       return "reduce_scatter_perf";
     case Kind::AllToAll:
       return "alltoall_perf";
+    case Kind::Gather:
+      return "gather_perf";
+    case Kind::Scatter:
+      return "scatter_perf";
     case Kind::SendRecv:
       return "sendrecv_perf";
   }
@@ -208,6 +221,8 @@ double busFactor(Kind k, int n) {
     case Kind::AllGather:
     case Kind::ReduceScatter:
     case Kind::AllToAll:
+    case Kind::Gather:
+    case Kind::Scatter:
       return static_cast<double>(n - 1) / n;
     default:
       return 1.0;
@@ -216,7 +231,7 @@ double busFactor(Kind k, int n) {
 // Elements per rank block for a "size" in bytes (nccl-tests: size is the largest buffer).
 size_t countFor(Kind k, size_t bytes, size_t elem, int n) {
   size_t c = bytes / elem;
-  if (k == Kind::AllGather || k == Kind::ReduceScatter || k == Kind::AllToAll) c /= static_cast<size_t>(n);
+  if (ofBlocks(k)) c /= static_cast<size_t>(n);
   return c;
 }
 bool isSignedType(DataType t) { return !(t == DataType::Uint8 || t == DataType::Uint32 || t == DataType::Uint64); }
@@ -364,6 +379,12 @@ struct Bench {
       case Kind::AllToAll:
         comm.allToAll(s, r, count, t, stream);
         break;
+      case Kind::Gather:  // in place on the root: its block is already at root * blk of the output
+        comm.gather(inPlace && rank == root ? r + rank * blk : s, r, count, t, root, stream);
+        break;
+      case Kind::Scatter:
+        comm.scatter(s, inPlace && rank == root ? s + rank * blk : r, count, t, root, stream);
+        break;
       case Kind::SendRecv: {
         auto rq = comm.irecv(r == s ? recv.data() : r, count, t, (rank + n - 1) % n);
         auto sq = comm.isend(s, count, t, (rank + 1) % n);
@@ -374,20 +395,20 @@ struct Bench {
     }
   }
 
-  void fillInput(size_t count, DataType t, ReduceOp op, bool inPlace) {
+  void fillInput(size_t count, DataType t, ReduceOp op, int root, bool inPlace) {
     const size_t E = sizeOf(t);
-    if (kind == Kind::AllGather && inPlace) {
+    if ((kind == Kind::AllGather || (kind == Kind::Gather && rank == root)) && inPlace) {
       for (size_t i = 0; i < count; ++i) put(send.data() + rank * count * E, i, t, inputValue(rank, i, t, op));
       return;
     }
-    size_t elems = (kind == Kind::ReduceScatter || kind == Kind::AllToAll) ? count * n : count;
+    size_t elems = (kind == Kind::ReduceScatter || kind == Kind::AllToAll || kind == Kind::Scatter) ? count * n : count;
     for (size_t i = 0; i < elems; ++i) put(send.data(), i, t, inputValue(rank, i, t, op));
   }
 
   // Number of wrong elements on this rank after one checked call.
   double wrong(size_t count, DataType t, ReduceOp op, int root, bool inPlace) {
     const size_t E = sizeOf(t);
-    fillInput(count, t, op, inPlace);
+    fillInput(count, t, op, root, inPlace);
     upload();
     run(count, t, op, root, inPlace);
     download();
@@ -427,6 +448,22 @@ struct Bench {
           expectAt(g, get(one, 0, t));
         }
         break;
+      case Kind::Gather:
+        if (rank == root)
+          for (size_t g = 0; g < count * n; ++g) {
+            uint8_t one[8];
+            put(one, 0, t, inputValue(static_cast<int>(g / count), g % count, t, op));
+            expectAt(g, get(one, 0, t));
+          }
+        break;
+      case Kind::Scatter:
+        out = inPlace && rank == root ? send.data() + rank * count * E : recv.data();
+        for (size_t i = 0; i < count; ++i) {
+          uint8_t one[8];
+          put(one, 0, t, inputValue(root, rank * count + i, t, op));
+          bad += get(out, i, t) != get(one, 0, t) ? 1 : 0;
+        }
+        break;
       case Kind::SendRecv: {
         const uint8_t* got = recv.data();
         int from = (rank + n - 1) % n;
@@ -455,7 +492,7 @@ struct Bench {
   }
 
   double time(size_t count, DataType t, ReduceOp op, int root, bool inPlace, int warmup, int iters) {
-    fillInput(count, t, op, inPlace);
+    fillInput(count, t, op, root, inPlace);
     upload();
     for (int i = 0; i < warmup; ++i) run(count, t, op, root, inPlace);
     if (rt) rt->synchronize(stream);
@@ -571,9 +608,7 @@ int perfMain(int argc, char** argv, Kind kind) {
         const size_t E = sizeOf(t);
         for (size_t bytes = o.minBytes; bytes <= o.maxBytes;) {
           const size_t count = countFor(kind, bytes, E, n);
-          const size_t shown = (kind == Kind::AllGather || kind == Kind::ReduceScatter || kind == Kind::AllToAll)
-                                   ? count * n * E
-                                   : count * E;
+          const size_t shown = ofBlocks(kind) ? count * n * E : count * E;
           double tm[2], bw[2], bus[2], bad[2];
           for (int ip = 0; ip < 2; ++ip) {
             const bool inPlace = ip == 1;
@@ -592,11 +627,9 @@ int perfMain(int argc, char** argv, Kind kind) {
             bus[ip] = bw[ip] * busFactor(kind, n);
           }
           if (rank == 0) {
-            std::printf(
-                "  %12zu %12zu %8s %6s %6d", shown,
-                (kind == Kind::AllGather || kind == Kind::ReduceScatter || kind == Kind::AllToAll) ? count * n : count,
-                kTypeNames[static_cast<int>(t)], hasOp(kind) ? opNames[static_cast<int>(op)] : "none",
-                hasRoot(kind) ? o.root : -1);
+            std::printf("  %12zu %12zu %8s %6s %6d", shown, ofBlocks(kind) ? count * n : count,
+                        kTypeNames[static_cast<int>(t)], hasOp(kind) ? opNames[static_cast<int>(op)] : "none",
+                        hasRoot(kind) ? o.root : -1);
             for (int ip = 0; ip < 2; ++ip) {
               if (tm[ip] < 0) {
                 std::printf(" %9s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");

@@ -10,7 +10,7 @@
 namespace loom {
 namespace bench {
 
-enum class Kind { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, SendRecv };
+enum class Kind { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter, SendRecv };
 
 /// Runs the benchmark of `kind` with nccl-tests' command line; returns the process exit status.
 int perfMain(int argc, char** argv, Kind kind);

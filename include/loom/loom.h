@@ -172,7 +172,11 @@ loomResult_t loomCommInitFromEnv(loomComm_t* comm, const loomConfig_t* config);
  */
 loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newcomm);
 
-/** Waits for this rank's operations to complete; the communicator stays valid until destroyed. */
+/**
+ * Waits until every operation this rank has queued on `comm` has completed (those on device
+ * buffers, which return once ordered on their stream, included), as ncclCommFinalize flushes them,
+ * then returns the communicator's first error, if any. The communicator stays valid until destroyed.
+ */
 loomResult_t loomCommFinalize(loomComm_t comm);
 
 /** Frees the communicator. Operations still in flight on it fail with loomAborted. */
@@ -234,6 +238,22 @@ loomResult_t loomReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 /** recvbuff[r * count + i] = sendbuff[rank * count + i] of rank r. Both hold nranks * count. */
 loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomComm_t comm,
                           loomStream_t stream);
+
+/**
+ * recvbuff[r * count + i] = sendbuff[i] of rank r, on `root` (as ncclGather): recvbuff holds
+ * nranks * count there and is ignored elsewhere (it may be NULL). In place on the root: sendbuff ==
+ * recvbuff + root * count elements.
+ */
+loomResult_t loomGather(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, int root,
+                        loomComm_t comm, loomStream_t stream);
+
+/**
+ * recvbuff[i] = sendbuff[rank * count + i] of `root` (as ncclScatter): sendbuff holds nranks * count
+ * there and is ignored elsewhere (it may be NULL). In place on the root: recvbuff == sendbuff + root
+ * * count elements.
+ */
+loomResult_t loomScatter(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, int root,
+                         loomComm_t comm, loomStream_t stream);
 
 /** Returns once every rank has entered the barrier. */
 loomResult_t loomBarrier(loomComm_t comm, loomStream_t stream);

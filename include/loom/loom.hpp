@@ -1,8 +1,8 @@
 // Loom C++ API: an RAII Communicator, asynchronous Work handles, option structs, one exception.
 //
-// Ownership: a Communicator owns its connections, its progress thread and (on the rank that hosts
-// it) the rendezvous store. Buffers passed to an operation belong to the caller and must stay
-// valid until the operation's Work has completed (wait() returned or test() returned true).
+// Ownership: a Communicator owns its connections, the threads that drive them and run its queued
+// operations, and (on the rank that hosts it) the rendezvous store. Buffers passed to an operation belong to the caller
+// and must stay valid until the operation's Work has completed (wait() returned or test() returned true).
 //
 // Threads: operations on one Communicator may be called from several threads; collectives and
 // barriers run in the order they were called. abort() may be called from any thread at any time.
@@ -275,7 +275,9 @@ class Communicator {
   /// Nodes in the communicator, numbered in the order of their lowest rank, and the node of `rank`.
   int nodeCount() const;
   int nodeOf(int rank) const;
-  /// How this rank is linked to `peer`: "shm" (shared memory, same node), "tcp", or "self".
+  /// How this rank is linked to `peer`: "cuda_ipc" (same node, device buffers through CUDA IPC and
+  /// host bytes over shared memory), "shm" (shared memory, same node), "ib" (InfiniBand verbs),
+  /// "tcp", or "self".
   /// Chosen at join per pair: the first transport LOOM_TRANSPORT allows that reaches the peer.
   std::string transportOf(int peer) const;
   /// One line on that link for logs and tools (transport, rings or sockets, copy path).
@@ -372,6 +374,18 @@ class Communicator {
                      void* cudaStream = nullptr);
   Work iallToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type, void* cudaStream = nullptr);
   void allToAll(const void* sendbuf, void* recvbuf, size_t count, DataType type, void* cudaStream = nullptr);
+  /// Gather (as MPI_Gather, NCCL's ncclGather): every rank sends `count` elements of sendbuf to
+  /// `root`, which receives rank j's at element j * count of recvbuf (size() * count elements).
+  /// recvbuf is used on the root only (elsewhere it may be null). In place on the root: sendbuf ==
+  /// recvbuf + root * count elements. The root links its peers and no one else.
+  Work igather(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root, void* cudaStream = nullptr);
+  void gather(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root, void* cudaStream = nullptr);
+  /// Scatter (as MPI_Scatter, NCCL's ncclScatter): `root` sends rank j the `count` elements at
+  /// element j * count of sendbuf (size() * count elements), which it receives in recvbuf. sendbuf
+  /// is used on the root only (elsewhere it may be null). In place on the root: recvbuf == sendbuf
+  /// + root * count elements.
+  Work iscatter(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root, void* cudaStream = nullptr);
+  void scatter(const void* sendbuf, void* recvbuf, size_t count, DataType type, int root, void* cudaStream = nullptr);
   /// All-to-all with a count per peer (as MPI_Alltoallv): sends sendCounts[j] elements starting at
   /// element sendDispls[j] of sendbuf to rank j, and receives recvCounts[j] elements from rank j
   /// at element recvDispls[j] of recvbuf. Each vector has one entry per rank. Rank i's
@@ -424,6 +438,11 @@ class Communicator {
   Communicator shrink(std::chrono::milliseconds wait = std::chrono::seconds(5));
   /// Throws the error that marked the communicator failed, if any.
   void checkError() const;
+  /// Waits until every operation this rank has queued on the communicator has completed: the
+  /// asynchronous collectives and barriers, and the operations on device buffers, which return
+  /// once ordered on their stream (as ncclCommFinalize flushes them). Then throws the
+  /// communicator's first error, if any. The communicator stays usable until destroyed.
+  void finalize();
   /// The default deadline of waits on this communicator.
   std::chrono::milliseconds timeout() const;
 

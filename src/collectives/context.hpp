@@ -22,7 +22,7 @@ namespace coll {
 struct Args {
   const void* send = nullptr;
   void* recv = nullptr;
-  size_t count = 0;  ///< elements (per rank block for all-gather, reduce-scatter, all-to-all)
+  size_t count = 0;  ///< elements (per rank block for all-gather, reduce-scatter, all-to-all, gather, scatter)
   DataType type = DataType::Float32;
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
@@ -157,6 +157,10 @@ void allToAllPairwise(Context& c, const Args& a);
 void allToAllvPairwise(Context& c, const Args& a);
 /// All-gather: every rank sends its block to every other at once (no forwarding).
 void allGatherPairwise(Context& c, const Args& a);
+// linear.cc: gather and scatter, the root exchanging each rank's block with it directly, every
+// message in flight at once (the root links only its peers; no rank forwards another's block).
+void gatherLinear(Context& c, const Args& a);
+void scatterLinear(Context& c, const Args& a);
 // bruck.cc: all-gather in ceil(log2 n) steps for any n (Bruck's); for latency-bound sizes.
 void allGatherBruck(Context& c, const Args& a);
 // direct.cc: within one node, reading the peers' staged data in place (shared-memory arena):

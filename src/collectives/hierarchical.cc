@@ -35,35 +35,24 @@ Hierarchy hierarchyOf(const Context& c, int root) {
   return planHierarchy(nodes, c.rank(), root);
 }
 
-Algo intraAlgo(const Context& c, Coll k, size_t bytes, int n) {
-  const Selector* sel = c.comm().selector();
-  return sel != nullptr ? sel->pickIntra(k, bytes, n) : selectAlgo(k, bytes, n, costModelFor(c.comm().nodeLink()), "");
+// The flat row for a step within a node (the shared-memory model) or across nodes (the model of
+// the links between them).
+const AlgoRow& flatRow(const Context& c, Coll k, size_t bytes, int n, bool withinNode) {
+  if (const Selector* sel = c.comm().selector())
+    return withinNode ? sel->pickIntra(k, bytes, n) : sel->pickInter(k, bytes, n);
+  const CostModel m = costModelFor(withinNode ? c.comm().nodeLink() : c.comm().slowestLink());
+  Call call;
+  call.coll = k;
+  call.bytes = bytes;
+  call.ranks = n;
+  call.model = &m;
+  return chooseRow(call, Mode::Default);
 }
 
-Algo interAlgo(const Context& c, Coll k, size_t bytes, int n) {
-  const Selector* sel = c.comm().selector();
-  return sel != nullptr ? sel->pickInter(k, bytes, n)
-                        : selectAlgo(k, bytes, n, costModelFor(c.comm().slowestLink()), "");
-}
-
-void runReduce(Context& g, const Args& a, Algo algo) {
+// Runs the step `k` on group `g` with its flat row (a copy where the group is one rank).
+void runStep(Context& g, const Args& a, Coll k, bool withinNode) {
   if (g.size() == 1) return copyIfDistinct(a.recv, a.send, a.count * a.elem);
-  if (algo == Algo::Binomial) return reduceBinomial(g, a);
-  reduceRing(g, a);
-}
-
-void runBroadcast(Context& g, const Args& a, Algo algo) {
-  if (g.size() == 1) return copyIfDistinct(a.recv, a.send, a.count * a.elem);
-  if (algo == Algo::Binomial) return broadcastBinomial(g, a);
-  broadcastChain(g, a);
-}
-
-void runAllReduce(Context& g, const Args& a, Algo algo) {
-  if (g.size() == 1) return copyIfDistinct(a.recv, a.send, a.count * a.elem);
-  if (algo == Algo::RecursiveDoubling) return allReduceRecursiveDoubling(g, a);
-  if (algo == Algo::HalvingDoubling) return allReduceHalvingDoubling(g, a);
-  if (algo == Algo::DoubleTree) return allReduceDoubleTree(g, a);
-  allReduceRing(g, a);
+  flatRow(g, k, a.count * a.elem, g.size(), withinNode).run(g, a);
 }
 
 // The "2D" all-reduce, when every node has the same number of ranks L >= 2: the ranks of each node
@@ -92,7 +81,7 @@ bool allReduce2D(Context& c, const Args& a) {
       Args slice = sum;
       slice.send = slice.recv = out + s.offset * a.elem;
       slice.count = s.count;
-      runAllReduce(across, slice, interAlgo(c, Coll::AllReduce, s.count * a.elem, across.size()));
+      runStep(across, slice, Coll::AllReduce, false);
       if (a.op == ReduceOp::Avg) kernels::divide(slice.recv, s.count, a.type, c.size());
     }
   });
@@ -103,12 +92,12 @@ bool allReduce2D(Context& c, const Args& a) {
 
 void allReduceAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
   Context across(c, members, 0, kInterChannels);
-  runAllReduce(across, a, interAlgo(c, Coll::AllReduce, a.count * a.elem, across.size()));
+  runStep(across, a, Coll::AllReduce, false);
 }
 
 void broadcastAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
   Context across(c, members, 0, kInterChannels);
-  runBroadcast(across, a, interAlgo(c, Coll::Broadcast, a.count * a.elem, across.size()));
+  runStep(across, a, Coll::Broadcast, false);
 }
 
 void allGatherAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
@@ -124,26 +113,25 @@ void reduceScatterAcrossNodes(Context& c, const std::vector<int>& members, const
 
 void reduceAcrossNodes(Context& c, const std::vector<int>& members, const Args& a) {
   Context across(c, members, 0, kInterChannels);
-  runReduce(across, a, interAlgo(c, Coll::Reduce, a.count * a.elem, across.size()));
+  runStep(across, a, Coll::Reduce, false);
 }
 
 void allReduceHierarchical(Context& c, const Args& a) {
   if (allReduce2D(c, a)) return;
   const Hierarchy h = hierarchyOf(c, 0);
-  const size_t nbytes = a.count * a.elem;
   Args sum = a;
   if (a.op == ReduceOp::Avg) sum.op = ReduceOp::Sum;
   // 1. Within the node, to the leader: its receive buffer holds the node's sum.
   Context local(c, h.local, kIntraUp, 1);
   Args up = sum;
   up.root = h.localRoot;
-  runReduce(local, up, intraAlgo(c, Coll::Reduce, nbytes, local.size()));
+  runStep(local, up, Coll::Reduce, true);
   // 2. Between the leaders, in place.
   if (h.leaderIndex >= 0) {
     Context leaders(c, h.leaders, 0, kInterChannels);
     Args across = sum;
     across.send = a.recv;
-    runAllReduce(leaders, across, interAlgo(c, Coll::AllReduce, nbytes, leaders.size()));
+    runStep(leaders, across, Coll::AllReduce, false);
     if (a.op == ReduceOp::Avg) kernels::divide(a.recv, a.count, a.type, c.size());
   }
   // 3. Within the node, from the leader, in place.
@@ -151,26 +139,25 @@ void allReduceHierarchical(Context& c, const Args& a) {
   down.send = a.recv;
   down.root = h.localRoot;
   Context localDown(c, h.local, kIntraDown, 1);
-  runBroadcast(localDown, down, intraAlgo(c, Coll::Broadcast, nbytes, localDown.size()));
+  runStep(localDown, down, Coll::Broadcast, true);
 }
 
 void broadcastHierarchical(Context& c, const Args& a) {
   const Hierarchy h = hierarchyOf(c, a.root);
-  const size_t nbytes = a.count * a.elem;
   // 1. Between the leaders, from the root (the leader of its node).
   if (h.leaderIndex >= 0) {
     Context leaders(c, h.leaders, 0, kInterChannels);
     Args across = a;
     across.root = h.leaderRoot;
     if (c.rank() != a.root) across.send = a.recv;
-    runBroadcast(leaders, across, interAlgo(c, Coll::Broadcast, nbytes, leaders.size()));
+    runStep(leaders, across, Coll::Broadcast, false);
   }
   // 2. Within the node, from its leader, in place (the root's own copy is done in step 1).
   Context local(c, h.local, kIntraDown, 1);
   Args down = a;
   down.send = a.recv;
   down.root = h.localRoot;
-  runBroadcast(local, down, intraAlgo(c, Coll::Broadcast, nbytes, local.size()));
+  runStep(local, down, Coll::Broadcast, true);
 }
 
 void reduceHierarchical(Context& c, const Args& a) {
@@ -186,7 +173,7 @@ void reduceHierarchical(Context& c, const Args& a) {
   Args up = sum;
   up.recv = partial;
   up.root = h.localRoot;
-  runReduce(local, up, intraAlgo(c, Coll::Reduce, nbytes, local.size()));
+  runStep(local, up, Coll::Reduce, true);
   // 2. Between the leaders, to the root.
   if (h.leaderIndex >= 0) {
     Context leaders(c, h.leaders, 0, kInterChannels);
@@ -194,7 +181,7 @@ void reduceHierarchical(Context& c, const Args& a) {
     across.send = partial;
     across.recv = partial;
     across.root = h.leaderRoot;
-    runReduce(leaders, across, interAlgo(c, Coll::Reduce, nbytes, leaders.size()));
+    runStep(leaders, across, Coll::Reduce, false);
     if (c.rank() == a.root && a.op == ReduceOp::Avg) kernels::divide(a.recv, a.count, a.type, c.size());
   }
 }

@@ -254,7 +254,7 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newc
 loomResult_t loomCommFinalize(loomComm_t comm) {
   return guard([&] {
     auto c = lookup(comm);
-    c->comm->checkError();
+    c->comm->finalize();
   });
 }
 
@@ -496,6 +496,22 @@ loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, lo
   return guard([&] {
     auto c = lookup(comm);
     c->comm->allToAll(sendbuff, recvbuff, count, toType(datatype), stream);
+  });
+}
+
+loomResult_t loomGather(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, int root,
+                        loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    c->comm->gather(sendbuff, recvbuff, count, toType(datatype), root, stream);
+  });
+}
+
+loomResult_t loomScatter(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, int root,
+                         loomComm_t comm, loomStream_t stream) {
+  return guard([&] {
+    auto c = lookup(comm);
+    c->comm->scatter(sendbuff, recvbuff, count, toType(datatype), root, stream);
   });
 }
 

@@ -15,7 +15,6 @@
 namespace loom {
 namespace {
 
-using coll::Algo;
 using coll::Args;
 using coll::Coll;
 
@@ -53,20 +52,6 @@ void checkOverlap(const detail::CommImpl& c, const void* a, size_t aBytes, const
   }
 }
 
-// The algorithm a collective of `bytes` in all runs with on this communicator.
-Algo chooseAlgo(const detail::CommImpl& c, Coll kind, size_t bytes) {
-  Algo algo = c.selector() != nullptr ? c.selector()->pick(kind, bytes, c.size())
-                                      : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFor(c.slowestLink()),
-                                                         coll::algoOverrideFromEnv());
-  // Forced node-aware on a communicator where it is the flat algorithm anyway (one node, or one
-  // rank per node), or direct where the ranks share no arena: the model's flat choice.
-  if ((algo == Algo::Hierarchical && (c.selector() == nullptr || !c.selector()->hierarchical())) ||
-      (algo == Algo::Direct && (c.selector() == nullptr || !c.selector()->direct())))
-    algo = coll::selectAlgo(kind, bytes, c.size(),
-                            c.selector() != nullptr ? c.selector()->model() : coll::costModelFor(c.slowestLink()), "");
-  return algo;
-}
-
 // Whether reproducible mode decides how this call reduces: a float sum, avg or prod reduction on a
 // communicator in that mode (the other types and ops are exact in any order).
 bool canonicalCall(const detail::CommImpl& c, Coll kind, const Args& a) {
@@ -74,86 +59,72 @@ bool canonicalCall(const detail::CommImpl& c, Coll kind, const Args& a) {
          kernels::isCanonicalReduction(a.type, a.op);
 }
 
-// The algorithm of a canonical call (runCanonical): the direct all-reduce on one node's arena; the
-// node-aware form where the nodes are the tree's subtrees and the buffer large; the canonical
-// recursive doubling where the cost model would pick recursive doubling (the latency-bound sizes);
-// else the canonical reduce-scatter and gather.
-const char* canonicalAlgo(const detail::CommImpl& c, Coll kind, const Args& a) {
-  if (kind != Coll::AllReduce) return "canonical";
-  // What the default mode would run (the selector remembers its last choice: no model per call).
-  const size_t bytes = a.count * a.elem;
-  const Algo picked = c.selector() != nullptr
-                          ? c.selector()->pick(kind, bytes, c.size())
-                          : coll::selectAlgo(kind, bytes, c.size(), coll::costModelFor(c.slowestLink()), "");
-  // The direct all-reduce where the selector takes it (from LOOM_SHM_DIRECT_MIN_BYTES up; below,
-  // messages over the node's links are faster than its barrier).
-  if (picked == Algo::Direct && c.selector() != nullptr && c.selector()->direct()) return "direct";
-  if (coll::reproducibleAcrossNodes(c, a)) return "canonical-hier";
-  return picked == Algo::RecursiveDoubling ? "canonical-rd" : "canonical";
+// The whole buffer a call's algorithm moves: every rank's block for the collectives of blocks.
+size_t callBytes(const detail::CommImpl& c, Coll kind, const Args& a) {
+  const size_t block = a.count * a.elem;
+  return kind == Coll::AllReduce || kind == Coll::Broadcast || kind == Coll::Reduce
+             ? block
+             : block * static_cast<size_t>(c.size());
 }
 
-// A reproducible reduction: the canonical algorithms (collectives/reproducible.cc), or the direct
-// all-reduce reducing along the canonical tree where every rank shares one node's arena. LOOM_ALGO
-// and the cost model do not apply: no other algorithm is needed for the same bits.
-void runCanonical(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int64_t seq) {
-  const char* algo = canonicalAlgo(c, kind, a);
-  c.diagnostics().enterCall(seq, sig, algo);
-  coll::Context ctx(c, seq, coll::collName(kind), algo, sig);
-  if (std::strcmp(algo, "direct") == 0) {
-    Args b = a;
-    b.canonical = true;
-    return coll::allReduceDirect(ctx, b);
-  }
-  if (std::strcmp(algo, "canonical-rd") == 0) return coll::allReduceReproducibleDoubling(ctx, a);
-  if (std::strcmp(algo, "canonical-hier") == 0) return coll::allReduceReproducibleAcrossNodes(ctx, a);
-  if (kind == Coll::AllReduce) return coll::allReduceReproducible(ctx, a);
-  if (kind == Coll::Reduce) return coll::reduceReproducible(ctx, a);
-  coll::reduceScatterReproducible(ctx, a);
+// The row of the algorithm table a call of `bytes` runs on this communicator: the selector's (the
+// cost model, LOOM_ALGO, the node shape); in reproducible mode, for a float reduction, the
+// canonical row that follows that choice (no other algorithm gives the same bits, so LOOM_ALGO and
+// the model do not apply).
+const coll::AlgoRow& chooseRow(const detail::CommImpl& c, Coll kind, size_t bytes, const Args& a) {
+  const coll::Selector* sel = c.selector();
+  const bool canonical = canonicalCall(c, kind, a);
+  if (sel != nullptr && !canonical) return sel->pick(kind, bytes, c.size());
+  const coll::CostModel model = sel != nullptr ? sel->model() : coll::costModelFor(c.slowestLink());
+  coll::Call call{kind, bytes, c.size(), &model};
+  const coll::AlgoRow& picked =
+      sel != nullptr ? sel->pick(kind, bytes, c.size())
+                     : coll::chooseRow(call, coll::Mode::Default, coll::forcedRow(kind, coll::algoOverrideFromEnv()));
+  if (!canonical) return picked;
+  call.shape = sel != nullptr ? &sel->shape() : nullptr;
+  call.comm = &c;
+  call.args = &a;
+  call.defaultAlgo = picked.algo;
+  return coll::chooseRow(call, coll::Mode::Reproducible);
 }
 
-// Runs collective `kind` on host buffers as call `seq`, with the algorithm chosen for its size.
+// Runs collective `kind` on host buffers as call `seq`, with the row chosen for it.
 void runOnHost(detail::CommImpl& c, Coll kind, const Args& a, uint64_t sig, int64_t seq) {
-  if (canonicalCall(c, kind, a)) return runCanonical(c, kind, a, sig, seq);
-  const size_t bytes = (kind == Coll::AllGather || kind == Coll::ReduceScatter || kind == Coll::AllToAll)
-                           ? a.count * a.elem * static_cast<size_t>(c.size())
-                           : a.count * a.elem;
-  const Algo algo = chooseAlgo(c, kind, bytes);
-  c.diagnostics().enterCall(seq, sig, coll::algoName(algo));
-  coll::Context ctx(c, seq, coll::collName(kind), coll::algoName(algo), sig);
+  const coll::AlgoRow& row = chooseRow(c, kind, callBytes(c, kind, a), a);
+  c.diagnostics().enterCall(seq, sig, row.name);
+  coll::Context ctx(c, seq, coll::collName(kind), row.name, sig);
+  row.run(ctx, a);
+}
+
+// The kind a collective's signature carries (what ranks compare to catch mismatched calls).
+SigKind sigKindOf(Coll kind) {
   switch (kind) {
     case Coll::AllReduce:
-      if (algo == Algo::Hierarchical) return coll::allReduceHierarchical(ctx, a);
-      if (algo == Algo::Direct) return coll::allReduceDirect(ctx, a);
-      if (algo == Algo::RecursiveDoubling) return coll::allReduceRecursiveDoubling(ctx, a);
-      if (algo == Algo::HalvingDoubling) return coll::allReduceHalvingDoubling(ctx, a);
-      if (algo == Algo::DoubleTree) return coll::allReduceDoubleTree(ctx, a);
-      return coll::allReduceRing(ctx, a);
+      return SigKind::AllReduce;
     case Coll::Broadcast:
-      if (algo == Algo::Hierarchical) return coll::broadcastHierarchical(ctx, a);
-      if (algo == Algo::Direct) return coll::broadcastDirect(ctx, a);
-      return algo == Algo::Binomial ? coll::broadcastBinomial(ctx, a) : coll::broadcastChain(ctx, a);
+      return SigKind::Broadcast;
     case Coll::Reduce:
-      if (algo == Algo::Hierarchical) return coll::reduceHierarchical(ctx, a);
-      return algo == Algo::Binomial ? coll::reduceBinomial(ctx, a) : coll::reduceRing(ctx, a);
+      return SigKind::Reduce;
     case Coll::AllGather:
-      if (algo == Algo::Direct) return coll::allGatherDirect(ctx, a);
-      if (algo == Algo::Pairwise) return coll::allGatherPairwise(ctx, a);
-      if (algo == Algo::RecursiveDoubling) return coll::allGatherBruck(ctx, a);
-      return coll::allGatherRing(ctx, a);
+      return SigKind::AllGather;
     case Coll::ReduceScatter:
-      return coll::reduceScatterRing(ctx, a);
+      return SigKind::ReduceScatter;
     case Coll::AllToAll:
-      return a.counts ? coll::allToAllvPairwise(ctx, a) : coll::allToAllPairwise(ctx, a);
+      return SigKind::AllToAll;
+    case Coll::Gather:
+      return SigKind::Gather;
+    case Coll::Scatter:
+      return SigKind::Scatter;
   }
+  return SigKind::None;
 }
 
 // Runs one collective: asynchronously (returns its Work) or blocking. Device buffers go through
 // CUDA IPC among the ranks of one node, else the staging path; both are stream-ordered and never
 // block the caller.
 Work launch(detail::CommImpl& c, Coll kind, Args a, void* stream, bool async) {
-  uint64_t sig = a.counts
-                     ? makeAllToAllvSignature(a.type)
-                     : makeSignature(static_cast<SigKind>(static_cast<int>(kind) + 1), a.type, a.op, a.root, a.count);
+  uint64_t sig =
+      a.counts ? makeAllToAllvSignature(a.type) : makeSignature(sigKindOf(kind), a.type, a.op, a.root, a.count);
   if (canonicalCall(c, kind, a)) sig = inReproducibleMode(sig);
   if (a.device >= 0) {
     sig = onDeviceBuffers(sig);
@@ -260,6 +231,38 @@ Work reduceScatterImpl(const Communicator& comm, const void* s, void* r, size_t 
   return launch(c, Coll::ReduceScatter, a, st, async);
 }
 
+Work gatherImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, int root, void* st,
+                bool async) {
+  auto& c = implOf(comm);
+  c.checkOk("gather");
+  c.checkPeer(root, "gather root");
+  const size_t b = c.checkBuffer(s, n, t, "gather");
+  size_t total = 0;
+  if (c.rank() == root) {
+    total = c.checkBuffer(r, timesSize(c, n, "gather"), t, "gather");
+    checkOverlap(c, s, b, r, total, static_cast<const uint8_t*>(r) + static_cast<size_t>(root) * b, "gather");
+  }
+  Args a = makeArgs(s, r, n, t, ReduceOp::Sum, root);
+  a.device = detail::locateBuffers(c, {b ? s : nullptr, total ? r : nullptr}, st, "gather");
+  return launch(c, Coll::Gather, a, st, async);
+}
+
+Work scatterImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, int root, void* st,
+                 bool async) {
+  auto& c = implOf(comm);
+  c.checkOk("scatter");
+  c.checkPeer(root, "scatter root");
+  const size_t b = c.checkBuffer(r, n, t, "scatter");
+  size_t total = 0;
+  if (c.rank() == root) {
+    total = c.checkBuffer(s, timesSize(c, n, "scatter"), t, "scatter");
+    checkOverlap(c, r, b, s, total, static_cast<const uint8_t*>(s) + static_cast<size_t>(root) * b, "scatter");
+  }
+  Args a = makeArgs(s, r, n, t, ReduceOp::Sum, root);
+  a.device = detail::locateBuffers(c, {total ? s : nullptr, b ? r : nullptr}, st, "scatter");
+  return launch(c, Coll::Scatter, a, st, async);
+}
+
 Work allToAllImpl(const Communicator& comm, const void* s, void* r, size_t n, DataType t, void* st, bool async) {
   auto& c = implOf(comm);
   c.checkOk("all_to_all");
@@ -337,18 +340,17 @@ int Communicator::deviceOf(const void* p) {
 
 std::string Communicator::algorithmFor(const std::string& collective, size_t bytes) const {
   auto& c = implOf(*this);
-  for (Coll k :
-       {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll}) {
+  std::string names;
+  for (int i = 0; i < coll::kCollCount; ++i) {
+    const auto k = static_cast<Coll>(i);
+    names += std::string(names.empty() ? "" : ", ") + coll::collName(k);
     if (collective != coll::collName(k)) continue;
     Args floatSum;  // (Args' defaults: a float32 sum)
     floatSum.count = bytes / floatSum.elem;
-    if (canonicalCall(c, k, floatSum)) return canonicalAlgo(c, k, floatSum);
-    return coll::algoName(chooseAlgo(c, k, bytes));
+    return chooseRow(c, k, bytes, floatSum).name;
   }
   LOOM_THROW(ErrorCode::InvalidArgument, c.rank(),
-             strFormat("algorithmFor: unknown collective \"%s\" (all_reduce, broadcast, reduce, all_gather, "
-                       "reduce_scatter, all_to_all)",
-                       collective.c_str()));
+             strFormat("algorithmFor: unknown collective \"%s\" (%s)", collective.c_str(), names.c_str()));
 }
 
 Work Communicator::iallReduce(const void* s, void* r, size_t n, DataType t, ReduceOp op, void* st) {
@@ -386,6 +388,18 @@ Work Communicator::iallToAll(const void* s, void* r, size_t n, DataType t, void*
 }
 void Communicator::allToAll(const void* s, void* r, size_t n, DataType t, void* st) {
   allToAllImpl(*this, s, r, n, t, st, false);
+}
+Work Communicator::igather(const void* s, void* r, size_t n, DataType t, int root, void* st) {
+  return gatherImpl(*this, s, r, n, t, root, st, true);
+}
+void Communicator::gather(const void* s, void* r, size_t n, DataType t, int root, void* st) {
+  gatherImpl(*this, s, r, n, t, root, st, false);
+}
+Work Communicator::iscatter(const void* s, void* r, size_t n, DataType t, int root, void* st) {
+  return scatterImpl(*this, s, r, n, t, root, st, true);
+}
+void Communicator::scatter(const void* s, void* r, size_t n, DataType t, int root, void* st) {
+  scatterImpl(*this, s, r, n, t, root, st, false);
 }
 
 Work Communicator::iallToAllv(const void* s, const std::vector<size_t>& sendCounts,

@@ -69,6 +69,14 @@ std::string hostName() {
 
 }  // namespace
 
+std::chrono::milliseconds opTimeoutOf(const Options& o) {
+  return o.timeout.count() > 0 ? o.timeout : std::chrono::milliseconds(timeoutParam() * 1000);
+}
+
+std::chrono::milliseconds initTimeoutOf(const Options& o) {
+  return o.initTimeout.count() > 0 ? o.initTimeout : std::chrono::milliseconds(initTimeoutParam() * 1000);
+}
+
 CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& options, const std::string& origin,
                    Meeting* meeting)
     : rank_(rank),
@@ -81,10 +89,9 @@ CommImpl::CommImpl(int rank, int size, StoreAccess access, const Options& option
       diag_(rank, size, name_, access_.store, failure_),
       links_(rank, size) {
   LogRankScope logScope(rank);
-  timeout_ = options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(timeoutParam() * 1000);
+  timeout_ = opTimeoutOf(options);
   reproducible_ = options.reproducible >= 0 ? options.reproducible != 0 : reproducibleParam() != 0;
-  const auto initTimeout =
-      options.initTimeout.count() > 0 ? options.initTimeout : std::chrono::milliseconds(initTimeoutParam() * 1000);
+  const auto initTimeout = initTimeoutOf(options);
   const int sockets = options.socketsPerPeer > 0 ? options.socketsPerPeer : static_cast<int>(socketsPerPeerParam());
   if (sockets < 1 || sockets > 16) {
     LOOM_THROW(ErrorCode::InvalidArgument, rank, strFormat("sockets per peer must be 1 to 16, not %d", sockets));
@@ -178,18 +185,6 @@ size_t CommImpl::checkBuffer(const void* buf, size_t count, DataType type, const
     LOOM_THROW(ErrorCode::InvalidArgument, rank_, strFormat("%s: null buffer with count %zu", what, count));
   }
   return count * elem;
-}
-
-RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what) {
-  auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_, progress_);
-  links_.to(peer).isend(req, SendSpec{buf, bytes, tag, 0});
-  return req;
-}
-
-RequestPtr CommImpl::postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what) {
-  auto req = std::make_shared<Request>(rank_, peer, what, timeout_, failure_, progress_);
-  links_.to(peer).irecv(req, RecvSpec{buf, bytes, tag, 0, nullptr});
-  return req;
 }
 
 RequestPtr CommImpl::postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label, uint64_t sig) {

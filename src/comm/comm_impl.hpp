@@ -46,6 +46,11 @@ class DeviceState;
 using coll::collectiveTag;  // the collectives' tag space (collectives/comm_view.hpp)
 using coll::kMaxChannels;
 
+/// The deadline of every wait (Options::timeout, else LOOM_TIMEOUT) and of joining
+/// (Options::initTimeout, else LOOM_INIT_TIMEOUT): both settings are declared in comm_impl.cc.
+std::chrono::milliseconds opTimeoutOf(const Options& o);
+std::chrono::milliseconds initTimeoutOf(const Options& o);
+
 /// What the cost model knows about this communicator's links, when measured (LOOM_TUNE).
 struct LinkModel {
   double latencyUs = 0;  ///< one-way, per message
@@ -95,8 +100,6 @@ class CommImpl : public Progressable, public coll::CommView {
   void monitoredBarrierBody(int64_t seq, std::chrono::milliseconds timeout, bool waitAll);
 
   // ---- For algorithms: byte-level messages on the collective tag space. ----
-  RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const std::string& what);
-  RequestPtr postRecv(int peer, void* buf, size_t bytes, uint32_t tag, const std::string& what);
   RequestPtr postSend(int peer, const void* buf, size_t bytes, uint32_t tag, const Label& label,
                       uint64_t sig = 0) override;
   /// `consumer` (may be null) takes the bytes as they land (core/receive_consumer.hpp).

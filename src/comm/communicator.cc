@@ -105,16 +105,6 @@ void checkRankSize(int rank, int size) {
   }
 }
 
-std::chrono::milliseconds initTimeoutOf(const Options& o) {
-  if (o.initTimeout.count() > 0) return o.initTimeout;
-  return std::chrono::milliseconds(envInt("LOOM_INIT_TIMEOUT", 120) * 1000);
-}
-
-std::chrono::milliseconds opTimeoutOf(const Options& o) {
-  if (o.timeout.count() > 0) return o.timeout;
-  return std::chrono::milliseconds(envInt("LOOM_TIMEOUT", 300) * 1000);
-}
-
 }  // namespace
 
 Communicator::Communicator(std::unique_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
@@ -138,8 +128,8 @@ Communicator::Communicator(int rank, int size, const UniqueId& id, const Options
   if (!decodeUniqueId(id.bytes().data(), id.bytes().size(), &f, &why)) {
     LOOM_THROW(ErrorCode::InvalidArgument, rank, "invalid unique id: " + why);
   }
-  Deadline deadline(initTimeoutOf(options));
-  auto access = connectWithUniqueId(f, rank, deadline, opTimeoutOf(options));
+  Deadline deadline(detail::initTimeoutOf(options));
+  auto access = connectWithUniqueId(f, rank, deadline, detail::opTimeoutOf(options));
   impl_ = joinThrough(rank, size, std::move(access), options, "unique id");
 }
 
@@ -147,8 +137,8 @@ Communicator Communicator::fromEnv(const Options& options) {
   LaunchInfo launch = detectLaunch(processEnv());
   LogRankScope scope(launch.rank);
   for (const auto& [field, value] : launch.provenance) LOOM_TRACE("launch: %s = %s", field.c_str(), value.c_str());
-  Deadline deadline(initTimeoutOf(options));
-  auto access = connectFromLaunch(launch, deadline, opTimeoutOf(options));
+  Deadline deadline(detail::initTimeoutOf(options));
+  auto access = connectFromLaunch(launch, deadline, detail::opTimeoutOf(options));
   return Communicator(joinThrough(
       launch.rank, launch.size, std::move(access), options,
       strFormat("launcher %s, store at %s:%d", launch.launcher.c_str(), launch.masterAddr.c_str(), launch.masterPort)));
@@ -207,7 +197,7 @@ Communicator Communicator::split(int color, int key) {
   for (const auto& m : members) ranks.push_back(m.second);
   detail::SplitMeeting meeting(*this, ranks);
   if (color == kSplitNoColor) {
-    const Deadline deadline(initTimeoutOf(c.options()));
+    const Deadline deadline(detail::initTimeoutOf(c.options()));
     meeting.swap({}, "", deadline, false);
     meeting.done("", deadline);
     return Communicator(nullptr);
@@ -268,6 +258,12 @@ const std::string& Communicator::name() const { return live(impl_).name(); }
 bool Communicator::reproducible() const { return live(impl_).reproducible(); }
 std::chrono::milliseconds Communicator::timeout() const { return live(impl_).timeout(); }
 void Communicator::checkError() const { live(impl_).checkOk(); }
+void Communicator::finalize() {
+  auto& c = live(impl_);
+  // The op queue runs in call order: an empty op completes once every op queued before it has.
+  c.submitUnnumbered("finalize", [](detail::Request&) -> size_t { return 0; })->wait();
+  c.checkOk();
+}
 void Communicator::abort() {
   if (impl_) impl_->abort();
 }

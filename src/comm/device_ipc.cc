@@ -11,6 +11,7 @@
 #include "comm/device_record.hpp"
 #include "comm/device_state.hpp"
 #include "core/format.hpp"
+#include "core/function_ref.hpp"
 #include "core/logging.hpp"
 #include "core/signature.hpp"
 #include "device/runtime.hpp"
@@ -32,7 +33,9 @@ namespace {
 constexpr const char* kAlgo = "cuda_ipc";
 
 // Which of its buffers a rank shares for `kind`: those its peers read or write.
-bool sharesSend(Coll kind, const Args& a, int rank) { return kind != Coll::Broadcast || rank == a.root; }
+bool sharesSend(Coll kind, const Args& a, int rank) {
+  return (kind != Coll::Broadcast && kind != Coll::Scatter) || rank == a.root;
+}
 bool sharesRecv(Coll kind, const Args& a, int rank) {
   return kind == Coll::AllReduce || (kind == Coll::Reduce && rank == a.root);
 }
@@ -45,12 +48,12 @@ size_t inputBytes(Coll kind, const Args& a, size_t n) {
     for (size_t p = 0; p < n; ++p) end = std::max(end, v[n + p] + v[p]);
     return end * a.elem;
   }
-  const bool blocks = kind == Coll::ReduceScatter || kind == Coll::AllToAll;
+  const bool blocks = kind == Coll::ReduceScatter || kind == Coll::AllToAll || kind == Coll::Scatter;
   return (blocks ? n : 1) * a.count * a.elem;
 }
 
 // The operation on one rank with no peers: copies.
-void runAlone(device::DeviceRuntime& rt, Coll kind, const Args& a, device::StreamHandle work) {
+void runAlone(device::DeviceRuntime& rt, const Args& a, device::StreamHandle work) {
   const size_t E = a.elem;
   if (a.counts) {
     const auto& v = *a.counts;  // n = 1: send count, send displacement, receive count, receive displacement
@@ -58,8 +61,142 @@ void runAlone(device::DeviceRuntime& rt, Coll kind, const Args& a, device::Strea
                  work);
     return;
   }
-  (void)kind;
   if (a.send != a.recv && a.count > 0) rt.copyAsync(a.recv, a.send, a.count * E, work);
+}
+
+// One collective's work through CUDA IPC once every rank's buffers are mapped: what each kind
+// reads and writes, each step ended by draining the device work and a barrier on the arena.
+struct IpcWork {
+  device::DeviceRuntime& rt;
+  Context& ctx;
+  const shm::LocalArena& ar;
+  const Args& a;
+  const std::vector<DeviceRecord>& recs;
+  const std::vector<const uint8_t*>& sendOf;  // every rank's input, mapped here
+  const std::vector<uint8_t*>& recvOf;        // every rank's shared output, mapped here
+  uint8_t* out;                               // this rank's output (or its bounce)
+  device::StreamHandle work;
+  FunctionRef<void()> drain;
+  const std::string& label;
+  uint64_t step;
+  const size_t N, ME, E;
+
+  void endStep() {
+    drain();
+    barrier(ctx, ar, ++step);
+  }
+  // dst[i] = op over every rank's input at `offset` (reproducible mode: along the canonical tree).
+  void reduceInto(void* dst, size_t offset, size_t count) {
+    std::vector<const void*> srcs(N);
+    for (size_t p = 0; p < N; ++p) srcs[p] = sendOf[p] + offset * E;
+    const int n = static_cast<int>(N);
+    if (isInReproducibleMode(ctx.signature())) {
+      rt.reduceCanonicalAsync(dst, srcs.data(), n, count, a.type, a.op, work);
+    } else {
+      rt.reduceAsync(dst, srcs.data(), n, count, a.type, a.op, a.op == ReduceOp::Avg ? n : 1, work);
+    }
+  }
+  // All-reduce and reduce: each rank reduces its slice into its output (the root's, for reduce);
+  // an all-reduce then copies the other slices from their owners.
+  void reduceSlices(bool all) {
+    const auto slices = planSegments(a.count, static_cast<int>(N));
+    const Segment& s = slices[ME];
+    uint8_t* dst = all ? out : recvOf[static_cast<size_t>(a.root)];
+    if (s.count > 0) reduceInto(dst + s.offset * E, s.offset, s.count);
+    endStep();
+    if (!all) return;
+    gatherSlices(rt, out, recvOf, slices, ME, E, work);
+    endStep();
+  }
+  // Copies block p of the output from `from(p)` for each rank p (skipped where it is in place).
+  template <typename From>
+  void copyBlocks(From from) {
+    const size_t block = a.count * E;
+    for (size_t p = 0; p < N; ++p)
+      if (from(p) != out + p * block) rt.copyAsync(out + p * block, from(p), block, work);
+  }
+  void copyOne(const uint8_t* from) {
+    if (from != out) rt.copyAsync(out, from, a.count * E, work);
+  }
+  // All-to-all with counts per peer: each rank's count for this one must be what this one expects.
+  void allToAllv() {
+    const auto& v = *a.counts;
+    for (size_t p = 0; p < N; ++p) {
+      const DeviceRecord& r = recs[p];
+      const uint64_t theirCount = r.counts[ME], theirDispl = r.counts[N + ME];
+      if (r.nCounts != N || theirCount != v[2 * N + p]) {
+        failDeviceCall(
+            ctx, Status::error(ErrorCode::InvalidUsage,
+                               strFormat("%s: rank %zu sends this rank %llu elements, but this rank "
+                                         "expects %zu from it: the ranks' counts do not match",
+                                         label.c_str(), p, static_cast<unsigned long long>(theirCount), v[2 * N + p]),
+                               static_cast<int>(p), ctx.seq()));
+      }
+      if (theirCount > 0) rt.copyAsync(out + v[3 * N + p] * E, sendOf[p] + theirDispl * E, theirCount * E, work);
+    }
+  }
+
+  void run(Coll kind) {
+    const size_t block = a.count * E;
+    const auto root = static_cast<size_t>(a.root);
+    switch (kind) {
+      case Coll::AllReduce:
+      case Coll::Reduce:
+        return reduceSlices(kind == Coll::AllReduce);
+      case Coll::ReduceScatter:
+        reduceInto(out, ME * a.count, a.count);
+        break;
+      case Coll::Broadcast:
+        copyOne(sendOf[root]);
+        break;
+      case Coll::AllGather:
+        copyBlocks([&](size_t p) { return sendOf[p]; });
+        break;
+      case Coll::Gather:  // the root copies each rank's block from its input
+        if (ME == root) copyBlocks([&](size_t p) { return sendOf[p]; });
+        break;
+      case Coll::Scatter:  // each rank copies its block from the root's input
+        copyOne(sendOf[root] + ME * block);
+        break;
+      case Coll::AllToAll:
+        if (a.counts) {
+          allToAllv();
+        } else {
+          for (size_t p = 0; p < N; ++p) rt.copyAsync(out + p * block, sendOf[p] + ME * block, block, work);
+        }
+        break;
+    }
+    endStep();
+  }
+};
+
+// This rank's record of the call: its buffers shared (an in-place all-to-all's input copied first,
+// as the peers read it while this rank overwrites it), its counts per peer. Returns the bounce
+// of its output, where the output cannot be shared in place.
+uint8_t* shareBuffers(DeviceState& st, Coll kind, const Args& a, int me, size_t N, device::StreamHandle work,
+                      FunctionRef<void()> drain, DeviceRecord* mine) {
+  auto share = [&](const void* p, size_t bytes, int slot, bool in, uint64_t* ptr, device::IpcHandle* h) {
+    return shareDeviceBuffer(st, p, bytes, slot, in, work, drain, ptr, h);
+  };
+  const size_t E = a.elem;
+  const void* input = a.send;
+  if (kind == Coll::AllToAll && a.send == a.recv) {
+    uint8_t* copy = st.deviceScratch(0, N * a.count * E);
+    st.rt().copyAsync(copy, a.send, N * a.count * E, work);
+    drain();
+    input = copy;
+  }
+  if (sharesSend(kind, a, me)) share(input, inputBytes(kind, a, N), 0, true, &mine->sendPtr, &mine->send);
+  uint8_t* bounce = nullptr;
+  if (sharesRecv(kind, a, me)) bounce = share(a.recv, a.count * E, 1, false, &mine->recvPtr, &mine->recv);
+  if (a.counts) {
+    mine->nCounts = static_cast<uint32_t>(N);
+    for (size_t p = 0; p < N; ++p) {
+      mine->counts[p] = (*a.counts)[p];
+      mine->counts[N + p] = (*a.counts)[N + p];
+    }
+  }
+  return bounce;
 }
 
 void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t seq, DeviceState& st) {
@@ -68,13 +205,12 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
   Context ctx(comm, seq, collName(kind), kAlgo, sig);
   const int n = comm.size(), me = comm.rank();
   const auto N = static_cast<size_t>(n), ME = static_cast<size_t>(me);
-  const size_t E = a.elem;
   device::StreamHandle work = st.streams(a.device).d2h;
   const std::string label = strFormat("%s #%lld (%s)", collName(kind), static_cast<long long>(seq), kAlgo);
   auto drain = [&] { drainStream(rt, work, comm, (label + ": the device work").c_str()); };
 
   if (n == 1) {
-    runAlone(rt, kind, a, work);
+    runAlone(rt, a, work);
     drain();
     return;
   }
@@ -86,126 +222,25 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
     DeviceRecord mine;
     mine.seq = static_cast<uint64_t>(seq);
     mine.sig = sig;
-    mine.bytes = a.count * E;
+    mine.bytes = a.count * a.elem;
     mine.proc = cuda_ipc::thisProcess();
     mine.device = a.device;
-    auto share = [&](const void* p, size_t bytes, int slot, bool in, uint64_t* ptr, device::IpcHandle* h) {
-      return shareDeviceBuffer(st, p, bytes, slot, in, work, drain, ptr, h);
-    };
-    const void* input = a.send;
-    if (kind == Coll::AllToAll && a.send == a.recv) {
-      // In place: the peers read this rank's blocks while it overwrites them; they read a copy.
-      uint8_t* copy = st.deviceScratch(0, N * a.count * E);
-      rt.copyAsync(copy, a.send, N * a.count * E, work);
-      drain();
-      input = copy;
-    }
-    if (sharesSend(kind, a, me)) share(input, inputBytes(kind, a, N), 0, true, &mine.sendPtr, &mine.send);
-    uint8_t* outBounce = nullptr;
-    if (sharesRecv(kind, a, me)) outBounce = share(a.recv, a.count * E, 1, false, &mine.recvPtr, &mine.recv);
-    if (a.counts) {
-      mine.nCounts = static_cast<uint32_t>(N);
-      for (size_t p = 0; p < N; ++p) {
-        mine.counts[p] = (*a.counts)[p];
-        mine.counts[N + p] = (*a.counts)[N + p];
-      }
-    }
+    uint8_t* bounce = shareBuffers(st, kind, a, me, N, work, drain, &mine);
     uint64_t step = ar.steps[ME]->load(std::memory_order_relaxed);
     // 2. The peers' records (the same call?), their buffers mapped.
     const std::vector<DeviceRecord> recs = exchangeRecords(ctx, ar, mine, &step, label);
-    auto resolve = [&](size_t p, uint64_t ptr, const device::IpcHandle& h) {
-      return peerDeviceBuffer(comm, rt, mine, recs[p], p == ME, ptr, h, a.device);
-    };
     std::vector<const uint8_t*> sendOf(N);
     std::vector<uint8_t*> recvOf(N);
     for (size_t p = 0; p < N; ++p) {
-      sendOf[p] = resolve(p, recs[p].sendPtr, recs[p].send);
-      recvOf[p] = resolve(p, recs[p].recvPtr, recs[p].recv);
+      sendOf[p] = peerDeviceBuffer(comm, rt, mine, recs[p], p == ME, recs[p].sendPtr, recs[p].send, a.device);
+      recvOf[p] = peerDeviceBuffer(comm, rt, mine, recs[p], p == ME, recs[p].recvPtr, recs[p].recv, a.device);
     }
-    auto* out = outBounce != nullptr ? outBounce : static_cast<uint8_t*>(a.recv);
-    const int divisor = a.op == ReduceOp::Avg ? n : 1;
-    std::vector<const void*> srcs(N);
-    // Reproducible mode: every input of a slice at once along the canonical tree, the CPU's bits.
-    const bool canonical = isInReproducibleMode(sig);
-    auto reduceInto = [&](void* dst, size_t count) {
-      if (canonical) {
-        rt.reduceCanonicalAsync(dst, srcs.data(), n, count, a.type, a.op, work);
-      } else {
-        rt.reduceAsync(dst, srcs.data(), n, count, a.type, a.op, divisor, work);
-      }
-    };
-
     // 3. The work.
-    switch (kind) {
-      case Coll::AllReduce:
-      case Coll::Reduce: {
-        const auto slices = planSegments(a.count, n);
-        const Segment& s = slices[ME];
-        uint8_t* dst = kind == Coll::AllReduce ? out : recvOf[static_cast<size_t>(a.root)];
-        if (s.count > 0) {
-          for (size_t p = 0; p < N; ++p) srcs[p] = sendOf[p] + s.offset * E;
-          reduceInto(dst + s.offset * E, s.count);
-        }
-        drain();
-        barrier(ctx, ar, ++step);
-        if (kind == Coll::AllReduce) {
-          gatherSlices(rt, out, recvOf, slices, ME, E, work);
-          drain();
-          barrier(ctx, ar, ++step);
-        }
-        break;
-      }
-      case Coll::ReduceScatter: {
-        for (size_t p = 0; p < N; ++p) srcs[p] = sendOf[p] + ME * a.count * E;
-        reduceInto(out, a.count);
-        drain();
-        barrier(ctx, ar, ++step);
-        break;
-      }
-      case Coll::Broadcast: {
-        const uint8_t* from = sendOf[static_cast<size_t>(a.root)];
-        if (from != out) rt.copyAsync(out, from, a.count * E, work);
-        drain();
-        barrier(ctx, ar, ++step);
-        break;
-      }
-      case Coll::AllGather: {
-        const size_t block = a.count * E;
-        for (size_t p = 0; p < N; ++p)
-          if (sendOf[p] != out + p * block) rt.copyAsync(out + p * block, sendOf[p], block, work);
-        drain();
-        barrier(ctx, ar, ++step);
-        break;
-      }
-      case Coll::AllToAll: {
-        if (!a.counts) {
-          const size_t block = a.count * E;
-          for (size_t p = 0; p < N; ++p) rt.copyAsync(out + p * block, sendOf[p] + ME * block, block, work);
-        } else {
-          const auto& v = *a.counts;
-          for (size_t p = 0; p < N; ++p) {
-            const DeviceRecord& r = recs[p];
-            const uint64_t theirCount = r.counts[ME], theirDispl = r.counts[N + ME];
-            if (r.nCounts != N || theirCount != v[2 * N + p]) {
-              failDeviceCall(
-                  ctx,
-                  Status::error(ErrorCode::InvalidUsage,
-                                strFormat("%s: rank %zu sends this rank %llu elements, but this rank expects "
-                                          "%zu from it: the ranks' counts do not match",
-                                          label.c_str(), p, static_cast<unsigned long long>(theirCount), v[2 * N + p]),
-                                static_cast<int>(p), seq));
-            }
-            if (theirCount > 0) rt.copyAsync(out + v[3 * N + p] * E, sendOf[p] + theirDispl * E, theirCount * E, work);
-          }
-        }
-        drain();
-        barrier(ctx, ar, ++step);
-        break;
-      }
-    }
+    uint8_t* out = bounce != nullptr ? bounce : static_cast<uint8_t*>(a.recv);
+    IpcWork{rt, ctx, ar, a, recs, sendOf, recvOf, out, work, drain, label, step, N, ME, a.elem}.run(kind);
     // After the last barrier no peer touches the bounce any more.
-    if (outBounce != nullptr) {
-      rt.copyAsync(a.recv, outBounce, a.count * E, work);
+    if (bounce != nullptr) {
+      rt.copyAsync(a.recv, bounce, a.count * a.elem, work);
       drain();
     }
   } catch (const Error&) {

@@ -379,7 +379,7 @@ void run(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int64_t
 }  // namespace
 
 bool deviceNodesUsable(const detail::CommImpl& c, Coll kind) {
-  if (kind == Coll::AllToAll) return false;
+  if (kind == Coll::AllToAll || kind == Coll::Gather || kind == Coll::Scatter) return false;  // staged flat
   if (c.nodeCount() < 2) return false;
   const int L = c.localSize();
   if (L < 2) return false;

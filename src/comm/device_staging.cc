@@ -29,6 +29,8 @@ size_t stagingFactor(Coll kind, int size) {
   switch (kind) {
     case Coll::AllGather:
     case Coll::ReduceScatter:
+    case Coll::Gather:
+    case Coll::Scatter:
       return n + 1;
     case Coll::AllToAll:
       return 2 * n;
@@ -38,12 +40,18 @@ size_t stagingFactor(Coll kind, int size) {
 }
 
 // Which sides a rank copies: its input to the host, the result back to the device.
-bool copiesIn(Coll kind, const Args& a, int rank) { return kind != Coll::Broadcast || rank == a.root; }
+bool copiesIn(Coll kind, const Args& a, int rank) {
+  return (kind != Coll::Broadcast && kind != Coll::Scatter) || rank == a.root;
+}
 bool copiesOut(Coll kind, const Args& a, int rank) {
-  if (kind == Coll::Reduce) return rank == a.root;
+  if (kind == Coll::Reduce || kind == Coll::Gather) return rank == a.root;
   if (kind == Coll::Broadcast && rank == a.root) return a.send != a.recv;
   return true;
 }
+
+// Whether a rank's input, or its output, holds a block per rank (staged a chunk of each at once).
+bool blocksIn(Coll kind) { return kind == Coll::ReduceScatter || kind == Coll::AllToAll || kind == Coll::Scatter; }
+bool blocksOut(Coll kind) { return kind == Coll::AllGather || kind == Coll::AllToAll || kind == Coll::Gather; }
 
 // One staged chunk: elements [off, off + m) of each block.
 struct Chunk {
@@ -128,7 +136,7 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
         for (size_t j = 0; j < N; ++j) end = std::max(end, v[N + j] + v[j]);
         return end * E;
       }
-      return (kind == Coll::ReduceScatter || kind == Coll::AllToAll ? N : 1) * m * E;
+      return (blocksIn(kind) ? N : 1) * m * E;
     };
     auto outBytes = [&](size_t m) {
       if (a.counts) {
@@ -137,7 +145,7 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
         for (size_t j = 0; j < N; ++j) end = std::max(end, v[3 * N + j] + v[2 * N + j]);
         return end * E;
       }
-      return (kind == Coll::AllGather || kind == Coll::AllToAll ? N : 1) * m * E;
+      return (blocksOut(kind) ? N : 1) * m * E;
     };
     const size_t slotIn = inBytes(plan.elems), slotOut = outBytes(plan.elems);
     uint8_t* slots[3];
@@ -158,7 +166,7 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
       if (!in) return;
       if (a.counts) {
         rt.copyAsync(h, src, inBytes(0), cs.d2h);
-      } else if (kind == Coll::ReduceScatter || kind == Coll::AllToAll) {
+      } else if (blocksIn(kind)) {
         rt.copy2DAsync(h, k.m * E, src + k.off * E, a.count * E, k.m * E, N, cs.d2h);
       } else {
         rt.copyAsync(h, src + k.off * E, k.m * E, cs.d2h);
@@ -172,7 +180,7 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
         const auto& v = *a.counts;
         for (size_t p = 0; p < N; ++p)
           rt.copyAsync(dst + v[3 * N + p] * E, h + v[3 * N + p] * E, v[2 * N + p] * E, cs.h2d);
-      } else if (kind == Coll::AllGather || kind == Coll::AllToAll) {
+      } else if (blocksOut(kind)) {
         rt.copy2DAsync(dst + k.off * E, a.count * E, h, k.m * E, k.m * E, N, cs.h2d);
       } else {
         rt.copyAsync(dst + k.off * E, h, k.m * E, cs.h2d);

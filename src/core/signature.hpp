@@ -30,11 +30,14 @@ enum class SigKind : uint8_t {
   AllGather = 4,
   ReduceScatter = 5,
   AllToAll = 6,
-  Barrier = 7
+  Barrier = 7,
+  Gather = 8,
+  Scatter = 9
 };
 
 /// The signature of a call; the op is kept only where it matters (reductions), the root only
-/// where there is one (broadcast, reduce). `count` is the per-rank count the API was given.
+/// where there is one (broadcast, reduce, gather, scatter). `count` is the per-rank count the API
+/// was given.
 uint64_t makeSignature(SigKind kind, DataType type, ReduceOp op, int root, size_t count);
 
 /// The signature of an all-to-all with counts per peer: the counts differ between ranks, so only
@@ -54,7 +57,7 @@ bool isInReproducibleMode(uint64_t sig);
 constexpr uint64_t kDeviceIpcMessage = uint64_t{1} << 35;         ///< a device send's descriptor
 constexpr uint64_t kDeviceIpcAck = kDeviceIpcMessage | 1;         ///< its receiver's acknowledgement
 constexpr uint64_t kDeviceAnySourceRecv = kDeviceIpcMessage | 2;  ///< a device receive from any source
-inline bool isMarkedMessage(uint64_t sig) { return sig != 0 && (sig >> 61) == 0; }
+inline bool isMarkedMessage(uint64_t sig) { return sig != 0 && (sig >> 60) == 0; }
 
 /// Whether a message with `theirs` may complete a receive posted with `mine`. A device receive
 /// from any source takes a descriptor or plain bytes (Request::matchedSignature says which).

@@ -87,9 +87,4 @@ void AnySource::failAll(const Status& s) {
   for (auto& r : failing) r.req->fail(s);
 }
 
-size_t AnySource::pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pending_.size();
-}
-
 }  // namespace loom

@@ -56,8 +56,6 @@ class AnySource {
   void post(const RequestPtr& req, const RecvSpec& spec, const std::vector<Connection*>& links);
   /// Fails the pending receives, and every later one, with `s` (the communicator failed).
   void failAll(const Status& s);
-  /// Receives pending now.
-  size_t pending() const;
 
  private:
   mutable std::mutex mu_;  // pending_, arrivals_, posting*, failed_

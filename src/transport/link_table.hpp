@@ -87,8 +87,6 @@ class LinkTable : private LinkSink {
 
   /// Posts a receive from any peer (this rank included): any_source.hpp.
   void irecvAny(const RequestPtr& req, const RecvSpec& spec);
-  /// Receives from any peer not matched yet.
-  size_t anySourcePending() const { return anySource_.pending(); }
 
   /// Fails every pending request with `status` and closes every link. Any thread.
   void failAll(const Status& status) noexcept;

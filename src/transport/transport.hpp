@@ -1,5 +1,5 @@
-// Transport and Connection: the interface every way of moving bytes plugs into (tcp/, shm/ and
-// cuda_ipc/ today; an InfiniBand verbs transport is planned).
+// Transport and Connection: the interface every way of moving bytes plugs into (tcp/, shm/,
+// cuda_ipc/ and ib/).
 //
 // A Transport is a factory, one per kind per communicator: it publishes this rank's endpoint
 // through the Store and creates Connections to peers (every rank calls connect() collectively).

@@ -310,10 +310,60 @@ void runCase(loom::Communicator& c, const char* coll, const Case& k, const Repor
         },
         what, fail);
     canariesIntact(dst, N * cnt);
+  } else if (name == "gather") {
+    // Rank j's block at j * cnt on the root; elsewhere no receive buffer at all.
+    const bool root = r == k.root;
+    out.assign(N * cnt * E + 64, 0xA5);
+    if (k.inPlace && root) {
+      for (size_t i = 0; i < cnt; ++i) store(out.data(), r * cnt + i, k.type, inputValue(r, i, k.type, k.op));
+      c.gather(m.of(out) + r * cnt * E, m.of(out), cnt, k.type, k.root, st);
+    } else {
+      fill(in, cnt, 0, r);
+      c.gather(m.of(in), root ? m.of(out) : nullptr, cnt, k.type, k.root, st);
+    }
+    m.finish();
+    if (root) {
+      expectBuffer(
+          out.data(), N * cnt, k.type, ReduceOp::Sum,
+          [&](size_t g) {
+            uint8_t one[8];
+            store(
+                one, 0, k.type,
+                inputValue(static_cast<int>(g / std::max<size_t>(cnt, 1)), g % std::max<size_t>(cnt, 1), k.type, k.op));
+            return load(one, 0, k.type);
+          },
+          what, fail);
+      canariesIntact(out, N * cnt);
+    }
+  } else if (name == "scatter") {
+    // The root's block j (its input at j * cnt) to rank j; elsewhere no send buffer at all.
+    const bool root = r == k.root;
+    if (root) fill(in, N * cnt, 0, r);
+    out.assign(cnt * E + 64, 0xA5);
+    const uint8_t* dst;
+    if (k.inPlace && root) {
+      c.scatter(m.of(in), m.of(in) + r * cnt * E, cnt, k.type, k.root, st);
+      m.finish();
+      dst = in.data() + r * cnt * E;
+    } else {
+      c.scatter(root ? m.of(in) : nullptr, m.of(out), cnt, k.type, k.root, st);
+      m.finish();
+      dst = out.data();
+      canariesIntact(out, cnt);
+    }
+    expectBuffer(
+        dst, cnt, k.type, ReduceOp::Sum,
+        [&](size_t i) {
+          uint8_t one[8];
+          store(one, 0, k.type, inputValue(k.root, r * cnt + i, k.type, k.op));
+          return load(one, 0, k.type);
+        },
+        what, fail);
   }
 }
 
-const char* const kColls[6] = {"all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"};
+const char* const kColls[8] = {"all_reduce",     "reduce",     "broadcast", "all_gather",
+                               "reduce_scatter", "all_to_all", "gather",    "scatter"};
 
 size_t runMatrix(loom::Communicator& c, const std::vector<size_t>& counts, const Report& fail) {
   const int n = c.size();
@@ -321,7 +371,7 @@ size_t runMatrix(loom::Communicator& c, const std::vector<size_t>& counts, const
   for (const char* coll : kColls) {
     const std::string name = coll;
     const bool reduces = name != "broadcast" && name != "all_gather" && name != "all_to_all";
-    const bool rooted = name == "reduce" || name == "broadcast";
+    const bool rooted = name == "reduce" || name == "broadcast" || name == "gather" || name == "scatter";
     for (DataType t : {DataType::Int8, DataType::Uint8, DataType::Int32, DataType::Uint32, DataType::Int64,
                        DataType::Uint64, DataType::Float16, DataType::Float32, DataType::Float64, DataType::Bfloat16})
       for (ReduceOp op : kOps) {

@@ -18,7 +18,7 @@ namespace loomtest {
 
 /// Every reduction op, and every collective runCase knows.
 extern const loom::ReduceOp kOps[5];
-extern const char* const kColls[6];
+extern const char* const kColls[8];
 
 struct Case {
   loom::DataType type;

@@ -76,15 +76,18 @@ TEST_P(SmallMatrix, EveryCollectiveTypeOpAndPlacement) {
   loomtest::TransportSetup links(std::get<2>(GetParam()));
   loomtest::runOk(n, [&](loom::Communicator& c) {
     for (const char* coll : kColls) {
-      const bool reduces =
-          std::string(coll) != "broadcast" && std::string(coll) != "all_gather" && std::string(coll) != "all_to_all";
+      const std::string name = coll;
+      const bool reduces = name == "all_reduce" || name == "reduce" || name == "reduce_scatter";
+      // Gather and scatter from every root; reduce and broadcast from the first and the last.
+      const bool everyRoot = name == "gather" || name == "scatter";
+      const bool rooted = everyRoot || name == "reduce" || name == "broadcast";
       for (DataType t : loomtest::kAllTypes)
         for (ReduceOp op : kOps) {
           if (!reduces && op != ReduceOp::Sum) continue;
           for (size_t count : {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{1021}, static_cast<size_t>(n - 1)})
             for (bool inPlace : {false, true})
-              for (int root : {0, n - 1}) {
-                if (root != 0 && std::string(coll) != "reduce" && std::string(coll) != "broadcast") continue;
+              for (int root = 0; root < n; ++root) {
+                if (root != 0 && (!rooted || (!everyRoot && root != n - 1))) continue;
                 runCase(c, coll, Case{t, op, count, inPlace, root});
               }
         }
@@ -145,10 +148,10 @@ TEST_P(LargeCounts, EveryCollective) {
       for (auto [t, op] : {std::pair{DataType::Float32, ReduceOp::Sum}, std::pair{DataType::Int64, ReduceOp::Max},
                            std::pair{DataType::Bfloat16, ReduceOp::Avg}})
         for (bool inPlace : {false, true}) {
-          size_t count = (std::string(coll) == "all_gather" || std::string(coll) == "all_to_all" ||
-                          std::string(coll) == "reduce_scatter")
-                             ? (1u << 18) + 3
-                             : (1u << 20) + 3;
+          const std::string name = coll;
+          const bool blocks = name == "all_gather" || name == "all_to_all" || name == "reduce_scatter" ||
+                              name == "gather" || name == "scatter";
+          const size_t count = blocks ? (1u << 18) + 3 : (1u << 20) + 3;
           runCase(c, coll, Case{t, op, count, inPlace, n - 1});
         }
   });
@@ -216,6 +219,8 @@ TEST(Collectives, Every64MiBCollective) {
     runCase(c, "all_gather", Case{DataType::Float32, ReduceOp::Sum, whole / n, false, 0});
     runCase(c, "reduce_scatter", Case{DataType::Float32, ReduceOp::Max, whole / n, false, 0});
     runCase(c, "all_to_all", Case{DataType::Float32, ReduceOp::Sum, whole / n, false, 0});
+    runCase(c, "gather", Case{DataType::Float32, ReduceOp::Sum, whole / n, false, n - 1});
+    runCase(c, "scatter", Case{DataType::Float32, ReduceOp::Sum, whole / n, true, 1});
   });
 }
 
@@ -350,6 +355,65 @@ TEST(Collectives, BadArgumentsAreRejected) {
   });
 }
 
+// Gather and scatter: a root out of range, a missing buffer where the call needs one, buffers that
+// overlap without being in place, and a count that overflows are refused on the calling rank with
+// InvalidArgument; the buffer a rank does not use (receive off the gather's root, send off the
+// scatter's) may be null; and the communicator stays usable.
+TEST(Collectives, GatherAndScatterRefuseBadArguments) {
+  loomtest::runOk(3, [&](loom::Communicator& c) {
+    const int me = c.rank();
+    std::vector<int32_t> mine(10, me), all(30, -1);
+    const auto code = loomtest::errorCodeOf;
+    const auto bad = loom::ErrorCode::InvalidArgument;
+    for (int root : {-1, 3}) {
+      EXPECT_EQ(code([&] { c.gather(mine.data(), all.data(), 10, DataType::Int32, root); }), bad);
+      EXPECT_EQ(code([&] { c.scatter(all.data(), mine.data(), 10, DataType::Int32, root); }), bad);
+    }
+    EXPECT_EQ(code([&] { c.gather(nullptr, all.data(), 10, DataType::Int32, 0); }), bad);
+    EXPECT_EQ(code([&] { c.scatter(all.data(), nullptr, 10, DataType::Int32, 0); }), bad);
+    EXPECT_EQ(code([&] { c.gather(mine.data(), all.data(), 10, static_cast<DataType>(99), 0); }), bad);
+    EXPECT_EQ(code([&] { c.gather(mine.data(), all.data(), static_cast<size_t>(-1) / 2, DataType::Int32, 0); }), bad);
+    if (me == 1) {  // the root's buffers
+      EXPECT_EQ(code([&] { c.gather(mine.data(), nullptr, 10, DataType::Int32, 1); }), bad);
+      EXPECT_EQ(code([&] { c.scatter(nullptr, mine.data(), 10, DataType::Int32, 1); }), bad);
+      // Overlapping, but not at this rank's block (in place is all.data() + 10).
+      EXPECT_EQ(code([&] { c.gather(all.data() + 5, all.data(), 10, DataType::Int32, 1); }), bad);
+      EXPECT_EQ(code([&] { c.scatter(all.data(), all.data() + 5, 10, DataType::Int32, 1); }), bad);
+    }
+    // Still usable, with the unused buffers null off the root.
+    c.gather(mine.data(), me == 1 ? all.data() : nullptr, 10, DataType::Int32, 1);
+    if (me == 1) {
+      for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], static_cast<int32_t>(i / 10));
+    }
+    std::vector<int32_t> back(10, -1);
+    c.scatter(me == 1 ? all.data() : nullptr, back.data(), 10, DataType::Int32, 1);
+    EXPECT_EQ(back, mine);
+  });
+}
+
+// A gather whose ranks name different roots fails (by the deadline at the latest, which names what
+// each rank waited for), saying it was a gather, and never leaves a rank hanging.
+TEST(Collectives, GatherWithMismatchedRootsFailsNamingTheCall) {
+  loom::Options o;
+  o.timeout = std::chrono::seconds(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = loomtest::runRanks(
+      3,
+      [&](loom::Communicator& c) {
+        std::vector<float> mine(8, 1.0f), all(24);
+        c.gather(mine.data(), all.data(), 8, DataType::Float32, c.rank() == 2 ? 1 : 0);
+      },
+      o);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  int failed = 0;
+  for (auto& r : results) {
+    if (r.error.empty()) continue;
+    ++failed;
+    EXPECT_NE(r.error.find("gather"), std::string::npos) << r.error;
+  }
+  EXPECT_GE(failed, 1);
+}
+
 TEST(Collectives, MismatchedCountsFailInsteadOfCorrupting) {
   loom::Options o;
   o.timeout = std::chrono::seconds(3);
@@ -403,6 +467,9 @@ TEST_P(Mismatch, DifferentCallsFailEveryRankSayingWhoCalledWhat) {
          c.allReduce(v.data(), v.data(), 4096, DataType::Float32, ReduceOp::Max);
        },
        "all_reduce of 4096 float32 (max)"},
+      {"gather",
+       [](loom::Communicator& c, std::vector<float>& v) { c.gather(v.data(), nullptr, 4096, DataType::Float32, 0); },
+       "gather of 4096 float32 to rank 0"},
   };
   const std::string mine = "all_reduce of 4096 float32 (sum)";
   for (const auto& w : cases) {

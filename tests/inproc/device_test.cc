@@ -497,6 +497,38 @@ TEST_P(DevicePath, CApiOrdersCollectivesOnTheStream) {
   expectPath(device.dev);
 }
 
+// loomCommFinalize waits for what the rank queued: a collective on device buffers returns once
+// ordered on its stream, its peer joins it late, and finalize returns only once it has completed.
+TEST_P(DevicePath, CApiFinalizeWaitsForTheQueuedOperations) {
+  FakeDeviceScope device(0, ipc());
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+  const auto late = std::chrono::milliseconds(400);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      loomComm_t comm = nullptr;
+      ASSERT_EQ(loomCommInitRank(&comm, 2, id, r), loomSuccess) << loomGetLastError(nullptr);
+      EXPECT_EQ(loomCommFinalize(comm), loomSuccess) << "nothing queued yet: " << loomGetLastError(comm);
+      void* s = device.stream(r);
+      auto* d = static_cast<int32_t*>(device.alloc(4 * 1000));
+      for (int i = 0; i < 1000; ++i) d[i] = r + i;
+      if (r == 1) std::this_thread::sleep_for(late);
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_EQ(loomAllReduce(d, d, 1000, loomInt32, loomSum, comm, s), loomSuccess) << loomGetLastError(comm);
+      EXPECT_EQ(loomCommFinalize(comm), loomSuccess) << loomGetLastError(comm);
+      if (r == 0) {
+        EXPECT_GE(std::chrono::steady_clock::now() - start, late - std::chrono::milliseconds(50));
+      }
+      device.dev.synchronize(s);
+      EXPECT_EQ(d[999], 1 + 2 * 999);
+      EXPECT_EQ(loomCommDestroy(comm), loomSuccess);
+      device.free(d);
+    });
+  for (auto& t : threads) t.join();
+  expectPath(device.dev);
+}
+
 // ---- Point-to-point on device buffers. ----
 
 // A ring shift of large device messages as one group (it would deadlock as blocking calls), then

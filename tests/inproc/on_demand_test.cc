@@ -239,6 +239,24 @@ TEST(OnDemandIb, ReceivesFromAnySourceBeforeAnyLink) { receivesFromAnySourceBefo
 TEST(OnDemandIb, APeerGoneBeforeItsLinkIsNamedAtOnce) { aPeerGoneBeforeItsLinkIsNamedAtOnce("ib"); }
 #endif
 
+// Gather and scatter on 64 ranks: the root links its 63 peers, every other rank the root alone
+// (no rank forwards another's block, as a tree would).
+TEST(OnDemand, GatherAndScatterLinkTheRootToItsPeersOnly) {
+  loomtest::TransportSetup links("tcp");
+  constexpr int kRanks = 64, kRoot = 5;
+  loomtest::runOk(kRanks, [](loom::Communicator& c) {
+    const bool root = c.rank() == kRoot;
+    std::vector<int32_t> mine(3, c.rank()), all(root ? 3 * kRanks : 0), back(3, -1);
+    c.gather(mine.data(), root ? all.data() : nullptr, 3, DataType::Int32, kRoot);
+    if (root) {
+      for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], static_cast<int32_t>(i / 3));
+    }
+    c.scatter(root ? all.data() : nullptr, back.data(), 3, DataType::Int32, kRoot);
+    EXPECT_EQ(back, mine);
+    EXPECT_EQ(c.linkCount(), root ? kRanks - 1 : 1);
+  });
+}
+
 TEST(OnDemand, EagerLinksEveryPeerAtInit) {
   loomtest::TransportSetup tcp("tcp");
   loomtest::EnvGuard eager("LOOM_CONNECT", "eager");

@@ -132,9 +132,10 @@ size_t soak(loom::Communicator& c, uint64_t seed, int ops) {
       continue;
     }
     settle();
-    const char* coll = loomtest::kColls[rng() % 6];
+    const char* coll = loomtest::kColls[rng() % (sizeof loomtest::kColls / sizeof loomtest::kColls[0])];
     const std::string name = coll;
-    const bool blocks = name == "all_gather" || name == "reduce_scatter" || name == "all_to_all";
+    const bool blocks = name == "all_gather" || name == "reduce_scatter" || name == "all_to_all" ||
+                        name == "gather" || name == "scatter";
     loomtest::runCase(c, coll, loomtest::Case{t, op, blocks ? std::min<size_t>(count, 40000) : count, inPlace, root},
                       fail);
     checked += (blocks ? std::min<size_t>(count, 40000) * static_cast<size_t>(n) : count) * loom::sizeOf(t);

@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
         for (auto [t, op] : {std::pair{loom::DataType::Float32, loom::ReduceOp::Sum},
                              std::pair{loom::DataType::Bfloat16, loom::ReduceOp::Avg}}) {
           const std::string name = coll;
-          const bool blocks = name == "all_gather" || name == "all_to_all" || name == "reduce_scatter";
+          const bool blocks = name == "all_gather" || name == "all_to_all" || name == "reduce_scatter" ||
+                              name == "gather" || name == "scatter";
           loomtest::runCase(c, coll, loomtest::Case{t, op, blocks ? perRank : big, false, n - 1}, report);
         }
       if (me == 0) std::printf("large: done on %d ranks\n", n);

@@ -258,6 +258,32 @@ def test_eight_ranks():
     harness.run(body_eight, 8, deadline_s=400)
 
 
+def body_gather_links(rank, world):
+    import loom_torch
+    backend = loom_torch._default_loom_backend()
+    before = loom_torch._C.link_count(backend)
+    root = 3
+    outs = [torch.zeros(5, dtype=torch.int64) for _ in range(world)] if rank == root else None
+    dist.gather(torch.full((5,), rank, dtype=torch.int64), gather_list=outs, dst=root)
+    if rank == root:
+        for r in range(world):
+            same(outs[r], torch.full((5,), r, dtype=torch.int64), "gather from %d" % r)
+    out = torch.zeros(5, dtype=torch.int64)
+    ins = [torch.full((5,), 10 * r, dtype=torch.int64) for r in range(world)] if rank == root else None
+    dist.scatter(out, scatter_list=ins, src=root)
+    same(out, torch.full((5,), 10 * rank, dtype=torch.int64), "scatter to %d" % rank)
+    # Loom's gather and scatter: the root linked its peers, every other rank the root alone.
+    links = loom_torch._C.link_count(backend)
+    assert links - before <= (world - 1 if rank == root else 1), (rank, before, links)
+    assert links <= (world - 1 if rank == root else 1 + before), (rank, before, links)
+    assert links >= 1, (rank, before, links)
+
+
+def test_gather_and_scatter_link_the_root_to_its_peers_only():
+    # 12 ranks: links are made on first use (above 8 ranks).
+    harness.run(body_gather_links, 12, deadline_s=300)
+
+
 def body_env_init(rank, world):
     t = torch.ones(3)
     dist.all_reduce(t)

@@ -16,13 +16,29 @@ TEST(Signature, DescribesEachField) {
             "all_reduce of 1024 float32 (sum)");
   EXPECT_EQ(loom::describeSignature(loom::makeSignature(SigKind::Broadcast, DataType::Int8, ReduceOp::Max, 3, 7)),
             "broadcast of 7 int8 from rank 3");
+  EXPECT_EQ(loom::describeSignature(loom::makeSignature(SigKind::Barrier, DataType::Int8, ReduceOp::Max, 3, 7)),
+            "barrier");
   EXPECT_EQ(loom::describeSignature(0), "a point-to-point message");
 }
 
 TEST(Signature, CountsSaturateWithoutTouchingOtherFields) {
   const uint64_t huge = loom::makeSignature(SigKind::Reduce, DataType::Float64, ReduceOp::Prod, 5, size_t{1} << 40);
   EXPECT_FALSE(loom::isOnDeviceBuffers(huge));
-  EXPECT_EQ(loom::describeSignature(huge), "reduce of 34359738367 float64 to rank 5 (prod)");
+  EXPECT_EQ(loom::describeSignature(huge), "reduce of 17179869183 float64 to rank 5 (prod)");  // 2^34 - 1
+}
+
+// Gather and scatter: kinds of their own, with their root.
+TEST(Signature, GatherAndScatterCarryTheirRoot) {
+  const uint64_t gather = loom::makeSignature(SigKind::Gather, DataType::Int32, ReduceOp::Max, 2, 16);
+  const uint64_t scatter = loom::makeSignature(SigKind::Scatter, DataType::Int32, ReduceOp::Max, 2, 16);
+  EXPECT_EQ(loom::describeSignature(gather), "gather of 16 int32 to rank 2");
+  EXPECT_EQ(loom::describeSignature(scatter), "scatter of 16 int32 from rank 2");
+  EXPECT_FALSE(loom::signaturesAgree(gather, scatter));
+  EXPECT_FALSE(
+      loom::signaturesAgree(gather, loom::makeSignature(SigKind::Gather, DataType::Int32, ReduceOp::Sum, 1, 16)));
+  EXPECT_EQ(gather, loom::makeSignature(SigKind::Gather, DataType::Int32, ReduceOp::Sum, 2, 16)) << "no op";
+  EXPECT_FALSE(loom::isMarkedMessage(gather));
+  EXPECT_FALSE(loom::isMarkedMessage(loom::makeSignature(SigKind::Barrier, DataType::Int32, ReduceOp::Sum, 0, 0)));
 }
 
 // Device and host buffers are different calls, and the mismatch says which rank passed which.

@@ -286,24 +286,16 @@ WorkPtr ProcessGroupLoom::gather(std::vector<std::vector<at::Tensor>>& outputTen
     TORCH_CHECK(outputTensors.empty() || (outputTensors.size() == 1 && outputTensors[0].empty()),
                 "loom: gather: only the root rank takes output tensors");
   }
-  // Every rank sends its block to the root only; the root receives one block from each rank.
+  // Loom's gather: every rank's block to the root, which links its peers and no one else.
   const size_t bytes = bytesOf(in);
-  std::vector<size_t> sendCounts(size, 0), sendDispls(size, 0), recvCounts(size, 0), recvDispls(size, 0);
-  sendCounts[static_cast<size_t>(root)] = bytes;
-  if (me == root) {
-    for (int i = 0; i < size; ++i) {
-      recvCounts[static_cast<size_t>(i)] = bytes;
-      recvDispls[static_cast<size_t>(i)] = static_cast<size_t>(i) * bytes;
-    }
-  }
   at::Tensor src = contiguousView(in);
   at::Tensor flat = at::empty({me == root ? static_cast<int64_t>(size) * in.numel() : 0}, in.options());
   std::function<void()> finisher;
   if (me == root) finisher = [flat, outs]() mutable { unflatten(flat, outs); };
   return start(*this, OpType::GATHER, "loom:gather", outs,
                [&](void* stream) {
-                 return comm_->iallToAllv(src.data_ptr(), sendCounts, sendDispls, flat.data_ptr(), recvCounts,
-                                          recvDispls, loom::DataType::Uint8, stream);
+                 return comm_->igather(src.data_ptr(), me == root ? flat.data_ptr() : nullptr, bytes,
+                                       loom::DataType::Uint8, root, stream);
                },
                std::move(finisher), {src, flat});
 }
@@ -324,21 +316,13 @@ WorkPtr ProcessGroupLoom::scatter(std::vector<at::Tensor>& outputTensors,
     TORCH_CHECK(inputTensors.empty() || (inputTensors.size() == 1 && inputTensors[0].empty()),
                 "loom: scatter: only the root rank takes input tensors");
   }
-  // The root sends one block to each rank; every rank receives its block from the root only.
+  // Loom's scatter: the root sends each rank its block, linking its peers and no one else.
   const size_t bytes = bytesOf(out);
-  std::vector<size_t> sendCounts(size, 0), sendDispls(size, 0), recvCounts(size, 0), recvDispls(size, 0);
-  recvCounts[static_cast<size_t>(root)] = bytes;
-  if (me == root) {
-    for (int i = 0; i < size; ++i) {
-      sendCounts[static_cast<size_t>(i)] = bytes;
-      sendDispls[static_cast<size_t>(i)] = static_cast<size_t>(i) * bytes;
-    }
-  }
   at::Tensor dst = contiguousView(out);
   return start(*this, OpType::SCATTER, "loom:scatter", outputTensors,
                [&](void* stream) {
-                 return comm_->iallToAllv(flat.data_ptr(), sendCounts, sendDispls, dst.data_ptr(), recvCounts,
-                                          recvDispls, loom::DataType::Uint8, stream);
+                 return comm_->iscatter(me == root ? flat.data_ptr() : nullptr, dst.data_ptr(), bytes,
+                                        loom::DataType::Uint8, root, stream);
                },
                copyBack(out, dst), {flat, dst});
 }

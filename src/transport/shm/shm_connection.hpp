@@ -66,7 +66,6 @@ class ShmConnection : public Connection {
   /// thread is doing (a full ring does not count: the consumer rings when it frees room).
   bool needsEngine() const noexcept override;
   void maintain() noexcept override { checkPeer(); }
-  bool cmaEnabled() const { return cma_.load(std::memory_order_relaxed); }
 
  private:
   struct SendOp {

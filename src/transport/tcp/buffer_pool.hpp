@@ -26,7 +26,6 @@ class BufferPool {
   Buffer take(size_t n);
   /// Keeps `b` for a later take() while the pool holds less than its limit; frees it otherwise.
   void giveBack(Buffer b);
-  size_t pooledBytes() const { return pooled_; }
 
  private:
   const size_t maxBytes_;
