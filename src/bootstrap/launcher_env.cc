@@ -128,8 +128,11 @@ int slurmTasksOnNode(const std::string& tasksPerNode, int nodeId) {
   return -1;
 }
 
-LaunchInfo detectLaunch(const EnvLookup& env) {
-  LaunchInfo info;
+namespace {
+
+// Rank and world size: the first launcher whose variables are set (both of them). Returns the
+// launcher's kind as its variables name it ("environment" for RANK/WORLD_SIZE).
+std::string rankAndSize(const EnvLookup& env, LaunchInfo& info) {
   const PairSource* rankSource = nullptr;
   for (const auto& s : kRankSources) {
     bool r = isSet(env, s.rankVar), n = isSet(env, s.sizeVar);
@@ -159,8 +162,11 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
   }
   info.provenance.emplace_back("rank", from(info.rank, rankSource->rankVar));
   info.provenance.emplace_back("world size", from(info.size, rankSource->sizeVar));
+  return launcherKind;
+}
 
-  // Local rank and local world size.
+// Local rank and local world size, where the launcher says.
+void localRankAndSize(const EnvLookup& env, LaunchInfo& info) {
   for (const auto& s : kLocalSources) {
     if (!isSet(env, s.rankVar)) continue;
     info.localRank = static_cast<int>(parseInt(env, s.rankVar, 0, info.size - 1));
@@ -189,8 +195,10 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
     }
     break;
   }
+}
 
-  // Rendezvous host.
+// The rendezvous host: where rank 0 runs.
+void masterAddress(const EnvLookup& env, const std::string& launcherKind, LaunchInfo& info) {
   const bool slurm = launcherKind == "slurm";
   if (isSet(env, "LOOM_MASTER_ADDR")) {
     info.masterAddr = env("LOOM_MASTER_ADDR");
@@ -227,8 +235,12 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
                          "or address (with mpirun: -x MASTER_ADDR=host)",
                          info.launcher.c_str()));
   }
+}
 
-  // Job identity: for the port when none is given, and for the weaker default job key.
+// The job's identity, for the port when none is given and for the weaker default job key; "" where
+// the launcher gives none.
+std::string jobIdentity(const EnvLookup& env, const std::string& launcherKind) {
+  const bool slurm = launcherKind == "slurm";
   std::string identity;
   if (slurm && isSet(env, "SLURM_JOB_ID")) {
     identity =
@@ -239,7 +251,12 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
   } else if (isSet(env, "TORCHELASTIC_RUN_ID")) {
     identity = std::string("torchrun:") + env("TORCHELASTIC_RUN_ID");
   }
+  return identity;
+}
 
+// The rendezvous port: given, else derived from the job's identity (every rank derives the same),
+// else the default.
+void masterPort(const EnvLookup& env, const std::string& identity, LaunchInfo& info) {
   const char* portVar =
       isSet(env, "LOOM_MASTER_PORT") ? "LOOM_MASTER_PORT" : (isSet(env, "MASTER_PORT") ? "MASTER_PORT" : nullptr);
   if (portVar != nullptr) {
@@ -259,7 +276,10 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
     info.masterPort = 29500;
     info.provenance.emplace_back("master port", "29500 (default; set MASTER_PORT)");
   }
+}
 
+// The seed of the job key: LOOM_JOB_KEY, else (weak) the job's identity or the rendezvous address.
+void jobKey(const EnvLookup& env, std::string identity, LaunchInfo& info) {
   if (isSet(env, "LOOM_JOB_KEY")) {
     info.jobKeySeed = std::string("key:") + env("LOOM_JOB_KEY");
     info.jobKeyWeak = false;
@@ -271,6 +291,18 @@ LaunchInfo detectLaunch(const EnvLookup& env) {
     info.provenance.emplace_back("job key",
                                  "derived from " + identity + " (weak: set LOOM_JOB_KEY to a random secret)");
   }
+}
+
+}  // namespace
+
+LaunchInfo detectLaunch(const EnvLookup& env) {
+  LaunchInfo info;
+  const std::string launcherKind = rankAndSize(env, info);
+  localRankAndSize(env, info);
+  masterAddress(env, launcherKind, info);
+  const std::string identity = jobIdentity(env, launcherKind);
+  masterPort(env, identity, info);
+  jobKey(env, identity, info);
   return info;
 }
 

@@ -108,6 +108,132 @@ int locateBuffers(const detail::CommImpl& c, std::initializer_list<const void*> 
   return dev < 0 ? -1 : dev;
 }
 
+namespace {
+
+// One staged collective on the op queue: its chunks pipelined through three pinned host slots.
+// Chunk j is copied in from the device into slot j % 3 while chunk j - 1 runs on the host and
+// chunk j - 2 is copied out; a slot is reused once its last copy out has landed.
+struct StagedCall {
+  detail::CommImpl& c;
+  device::DeviceRuntime& rt;
+  DeviceState& st;
+  DeviceState::Streams& cs;
+  Coll kind;
+  const Args& a;
+  DeviceChunks plan;
+  size_t chunks;
+  const size_t N = static_cast<size_t>(c.size()), E = a.elem;
+  size_t slotIn = 0;
+  uint8_t* slots[3] = {};
+  device::EventHandle inEv[3] = {}, outEv[3] = {};  // the last copy into / out of each slot
+
+  // Host bytes of a chunk of m elements: the input block(s), the output block(s).
+  size_t inBytes(size_t m) const {
+    if (a.counts) return extent(0, N) * E;
+    return (blocksIn(kind) ? N : 1) * m * E;
+  }
+  size_t outBytes(size_t m) const {
+    if (a.counts) return extent(2 * N, 3 * N) * E;
+    return (blocksOut(kind) ? N : 1) * m * E;
+  }
+  // The end of the farthest block of an all-to-all-v's counts (at `count`) and displacements.
+  size_t extent(size_t count, size_t displ) const {
+    const auto& v = *a.counts;
+    size_t end = 0;
+    for (size_t j = 0; j < N; ++j) end = std::max(end, v[displ + j] + v[count + j]);
+    return end;
+  }
+  Chunk chunkAt(size_t j) const {
+    Chunk k;
+    k.off = j * plan.elems;
+    k.m = a.counts ? 0 : std::min(plan.elems, a.count - std::min(a.count, k.off));
+    return k;
+  }
+  void copyIn(size_t j) {
+    if (!copiesIn(kind, a, c.rank())) return;
+    const Chunk k = chunkAt(j);
+    uint8_t* h = slots[j % 3];
+    const auto* src = static_cast<const uint8_t*>(a.send);
+    if (a.counts) {
+      rt.copyAsync(h, src, inBytes(0), cs.d2h);
+    } else if (blocksIn(kind)) {
+      rt.copy2DAsync(h, k.m * E, src + k.off * E, a.count * E, k.m * E, N, cs.d2h);
+    } else {
+      rt.copyAsync(h, src + k.off * E, k.m * E, cs.d2h);
+    }
+  }
+  void copyOut(size_t j) {
+    if (!copiesOut(kind, a, c.rank())) return;
+    const Chunk k = chunkAt(j);
+    const uint8_t* h = slots[j % 3] + slotIn;
+    auto* dst = static_cast<uint8_t*>(a.recv);
+    if (a.counts) {
+      const auto& v = *a.counts;
+      for (size_t p = 0; p < N; ++p)
+        rt.copyAsync(dst + v[3 * N + p] * E, h + v[3 * N + p] * E, v[2 * N + p] * E, cs.h2d);
+    } else if (blocksOut(kind)) {
+      rt.copy2DAsync(dst + k.off * E, a.count * E, h, k.m * E, k.m * E, N, cs.h2d);
+    } else {
+      rt.copyAsync(dst + k.off * E, h, k.m * E, cs.h2d);
+    }
+  }
+  void settle(device::EventHandle& e, const char* what) {
+    if (e == nullptr) return;
+    waitEvent(rt, e, c, Deadline(c.timeout()), what);
+    rt.destroyEvent(e);
+    e = nullptr;
+  }
+  // Chunk j on the host, as call `seq` + j (its own number in the flight recorder).
+  void runChunk(size_t j, int64_t seq, const HostRun& run) {
+    const Chunk k = chunkAt(j);
+    Args h = a;
+    h.device = -1;
+    h.send = slots[j % 3];
+    h.recv = slots[j % 3] + slotIn;
+    if (!a.counts) h.count = k.m;
+    if (j == 0) {
+      run(h, seq);
+    } else {
+      c.runRecorded(seq + static_cast<int64_t>(j), [&](int64_t sub) { run(h, sub); });
+    }
+  }
+  void pipeline(int64_t seq, const HostRun& run) {
+    slotIn = inBytes(plan.elems);
+    for (int i = 0; i < 3; ++i) slots[i] = st.slot(i, slotIn + outBytes(plan.elems) + 64);
+    copyIn(0);
+    inEv[0] = rt.recordEvent(cs.d2h);
+    for (size_t j = 0; j < chunks; ++j) {
+      const auto s = static_cast<int>(j % 3);
+      if (j + 1 < chunks) {
+        const auto s1 = static_cast<int>((j + 1) % 3);
+        settle(outEv[s1], "a staged copy to the device");
+        copyIn(j + 1);
+        inEv[s1] = rt.recordEvent(cs.d2h);
+      }
+      settle(inEv[s], "a staged copy from the device");
+      runChunk(j, seq, run);
+      copyOut(j);
+      outEv[s] = rt.recordEvent(cs.h2d);
+    }
+    for (auto& e : outEv) settle(e, "a staged copy to the device");
+  }
+  // After a failure: copies in flight still target the slots, so they finish before the slots
+  // are reused.
+  void drainCopies() noexcept {
+    for (auto* evs : {inEv, outEv})
+      for (int i = 0; i < 3; ++i)
+        if (evs[i] != nullptr) {
+          try {
+            while (!rt.eventDone(evs[i])) std::this_thread::sleep_for(std::chrono::microseconds(50));
+          } catch (...) {
+          }
+          rt.destroyEvent(evs[i]);
+        }
+  }
+};
+
+}  // namespace
+
 Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig, const HostRun& run) {
   device::DeviceRuntime* rt = device::runtime();
   if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
@@ -123,116 +249,11 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
     device::DeviceRuntime& rt = st->rt();
     awaitInput(rt, ready, a.device, c,
                strFormat("the work queued on the stream before %s #%lld", collName(kind), static_cast<long long>(seq)));
-    const int rank = c.rank(), n = c.size();
-    const auto N = static_cast<size_t>(n);
-    const size_t E = a.elem;
-    DeviceState::Streams& cs = st->streams(a.device);
-
-    // Host bytes of a chunk of m elements: input block, output block.
-    auto inBytes = [&](size_t m) {
-      if (a.counts) {
-        const auto& v = *a.counts;
-        size_t end = 0;
-        for (size_t j = 0; j < N; ++j) end = std::max(end, v[N + j] + v[j]);
-        return end * E;
-      }
-      return (blocksIn(kind) ? N : 1) * m * E;
-    };
-    auto outBytes = [&](size_t m) {
-      if (a.counts) {
-        const auto& v = *a.counts;
-        size_t end = 0;
-        for (size_t j = 0; j < N; ++j) end = std::max(end, v[3 * N + j] + v[2 * N + j]);
-        return end * E;
-      }
-      return (blocksOut(kind) ? N : 1) * m * E;
-    };
-    const size_t slotIn = inBytes(plan.elems), slotOut = outBytes(plan.elems);
-    uint8_t* slots[3];
-    for (int i = 0; i < 3; ++i) slots[i] = st->slot(i, slotIn + slotOut + 64);
-    auto chunkAt = [&](size_t j) {
-      Chunk k;
-      k.off = j * plan.elems;
-      k.m = a.counts ? 0 : std::min(plan.elems, a.count - std::min(a.count, k.off));
-      return k;
-    };
-    const bool in = copiesIn(kind, a, rank), out = copiesOut(kind, a, rank);
-    const uint8_t* src = static_cast<const uint8_t*>(a.send);
-    auto* dst = static_cast<uint8_t*>(a.recv);
-
-    auto copyIn = [&](size_t j) {
-      const Chunk k = chunkAt(j);
-      uint8_t* h = slots[j % 3];
-      if (!in) return;
-      if (a.counts) {
-        rt.copyAsync(h, src, inBytes(0), cs.d2h);
-      } else if (blocksIn(kind)) {
-        rt.copy2DAsync(h, k.m * E, src + k.off * E, a.count * E, k.m * E, N, cs.d2h);
-      } else {
-        rt.copyAsync(h, src + k.off * E, k.m * E, cs.d2h);
-      }
-    };
-    auto copyOut = [&](size_t j) {
-      const Chunk k = chunkAt(j);
-      const uint8_t* h = slots[j % 3] + slotIn;
-      if (!out) return;
-      if (a.counts) {
-        const auto& v = *a.counts;
-        for (size_t p = 0; p < N; ++p)
-          rt.copyAsync(dst + v[3 * N + p] * E, h + v[3 * N + p] * E, v[2 * N + p] * E, cs.h2d);
-      } else if (blocksOut(kind)) {
-        rt.copy2DAsync(dst + k.off * E, a.count * E, h, k.m * E, k.m * E, N, cs.h2d);
-      } else {
-        rt.copyAsync(dst + k.off * E, h, k.m * E, cs.h2d);
-      }
-    };
-
-    // The pipeline. inEv[s] / outEv[s]: the last copy into / out of slot s.
-    device::EventHandle inEv[3] = {nullptr, nullptr, nullptr}, outEv[3] = {nullptr, nullptr, nullptr};
-    auto settle = [&](device::EventHandle& e, const char* what) {
-      if (e == nullptr) return;
-      waitEvent(rt, e, c, Deadline(c.timeout()), what);
-      rt.destroyEvent(e);
-      e = nullptr;
-    };
+    StagedCall call{c, rt, *st, st->streams(a.device), kind, a, plan, chunks};
     try {
-      copyIn(0);
-      inEv[0] = rt.recordEvent(cs.d2h);
-      for (size_t j = 0; j < chunks; ++j) {
-        const int s = static_cast<int>(j % 3);
-        if (j + 1 < chunks) {
-          const int s1 = static_cast<int>((j + 1) % 3);
-          settle(outEv[s1], "a staged copy to the device");
-          copyIn(j + 1);
-          inEv[s1] = rt.recordEvent(cs.d2h);
-        }
-        settle(inEv[s], "a staged copy from the device");
-        const Chunk k = chunkAt(j);
-        Args h = a;
-        h.device = -1;
-        h.send = slots[s];
-        h.recv = slots[s] + slotIn;
-        if (!a.counts) h.count = k.m;
-        if (j == 0) {
-          run(h, seq);
-        } else {
-          c.runRecorded(seq + static_cast<int64_t>(j), [&](int64_t sub) { run(h, sub); });
-        }
-        copyOut(j);
-        outEv[s] = rt.recordEvent(cs.h2d);
-      }
-      for (auto& e : outEv) settle(e, "a staged copy to the device");
+      call.pipeline(seq, run);
     } catch (...) {
-      // Copies in flight still target the slots: let them finish before the slots are reused.
-      for (auto* evs : {inEv, outEv})
-        for (int i = 0; i < 3; ++i)
-          if (evs[i] != nullptr) {
-            try {
-              while (!rt.eventDone(evs[i])) std::this_thread::sleep_for(std::chrono::microseconds(50));
-            } catch (...) {
-            }
-            rt.destroyEvent(evs[i]);
-          }
+      call.drainCopies();
       throw;
     }
   };

@@ -63,57 +63,52 @@ bool LinkTable::linksAllOnFirstUse() const {
   return true;
 }
 
-void LinkTable::connect(TransportContext& ctx) {
+std::vector<std::vector<int>> LinkTable::peersByTransport(const TransportContext& ctx) const {
   const auto nodeOf = [&](int r) { return ctx.nodeOf[static_cast<size_t>(r)]; };
   std::vector<std::vector<int>> peersOf(transports_.size());
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     size_t t = 0;
     while (t < transports_.size() && !transports_[t]->reaches(ctx, r)) ++t;
-    if (t == transports_.size()) {
-      std::string names;
-      for (size_t i = 0; i < allowed_.size(); ++i) {
-        const std::string why = transports_[i]->absentReason();
-        names += (names.empty() ? "" : ", ") + allowed_[i] + (why.empty() ? "" : " (absent: " + why + ")");
-      }
-      if (nodeOf(r) == nodeOf(rank_)) {
-        LOOM_THROW_PEER(ErrorCode::InvalidArgument, rank_, r,
-                        strFormat("no allowed transport (%s) reaches rank %d, on this rank's node: allow shm or tcp "
-                                  "in LOOM_TRANSPORT",
-                                  names.c_str(), r));
-      }
+    if (t < transports_.size()) {
+      peersOf[t].push_back(r);
+      continue;
+    }
+    std::string names;
+    for (size_t i = 0; i < allowed_.size(); ++i) {
+      const std::string why = transports_[i]->absentReason();
+      names += (names.empty() ? "" : ", ") + allowed_[i] + (why.empty() ? "" : " (absent: " + why + ")");
+    }
+    if (nodeOf(r) == nodeOf(rank_)) {
       LOOM_THROW_PEER(ErrorCode::InvalidArgument, rank_, r,
-                      strFormat("no allowed transport (%s) reaches rank %d, which is on another node (node %d; this "
-                                "rank is on node %d): shared memory links only ranks of one node; allow tcp in "
-                                "LOOM_TRANSPORT",
-                                names.c_str(), r, nodeOf(r), nodeOf(rank_)));
+                      strFormat("no allowed transport (%s) reaches rank %d, on this rank's node: allow shm or tcp "
+                                "in LOOM_TRANSPORT",
+                                names.c_str(), r));
     }
-    peersOf[t].push_back(r);
+    LOOM_THROW_PEER(ErrorCode::InvalidArgument, rank_, r,
+                    strFormat("no allowed transport (%s) reaches rank %d, which is on another node (node %d; this "
+                              "rank is on node %d): shared memory links only ranks of one node; allow tcp in "
+                              "LOOM_TRANSPORT",
+                              names.c_str(), r, nodeOf(r), nodeOf(rank_)));
   }
-  // Links made on first use hold no descriptor yet: room is made for them when they are.
-  const bool lazy = lazyLinks(rank_, size_);
+  return peersOf;
+}
+
+size_t LinkTable::reserveDescriptors(TransportContext& ctx, const std::vector<std::vector<int>>& peersOf, bool lazy) {
   const auto onDemand = [&](size_t t) { return lazy && transports_[t]->linksOnDemand(); };
-  size_t descriptors = 0;
+  const auto perLink = [&](size_t t) {
+    return static_cast<size_t>(std::max(0, transports_[t]->descriptorsPerLink(ctx)));
+  };
+  size_t now = 0;  // the links made now
   for (size_t t = 0; t < transports_.size(); ++t)
-    if (!onDemand(t))
-      descriptors += peersOf[t].size() * static_cast<size_t>(std::max(0, transports_[t]->descriptorsPerLink(ctx)));
-  // Promised to these links until they are open (ranks as threads of one process connect at once).
-  struct Promise {
-    size_t n;
-    ~Promise() {
-      if (n > 0) releaseDescriptors(n);
-    }
-  } promise{0};
+    if (!onDemand(t)) now += peersOf[t].size() * perLink(t);
   // Those made on first use: room for what a job that only runs collectives links (about
   // 2 log2 N peers), asked for now so that the soft limit is raised once, not failed on later.
   size_t likely = 0;
-  for (size_t t = 0; t < transports_.size(); ++t) {
-    if (!onDemand(t)) continue;
-    size_t logN = 0;
-    while ((size_t{1} << logN) < static_cast<size_t>(size_)) ++logN;
-    likely += std::min(peersOf[t].size(), 2 * logN + 2) *
-              static_cast<size_t>(std::max(0, transports_[t]->descriptorsPerLink(ctx)));
-  }
+  size_t logN = 0;
+  while ((size_t{1} << logN) < static_cast<size_t>(size_)) ++logN;
+  for (size_t t = 0; t < transports_.size(); ++t)
+    if (onDemand(t)) likely += std::min(peersOf[t].size(), 2 * logN + 2) * perLink(t);
   if (likely > 0) {
     const std::string why = makeRoomForDescriptors(likely, /*mustFit=*/false);
     if (why.empty())
@@ -121,16 +116,18 @@ void LinkTable::connect(TransportContext& ctx) {
     else
       LOOM_INFO("links made on first use may run short of descriptors: %s", why.c_str());
   }
-  if (descriptors > 0) {
-    const std::string why = makeRoomForDescriptors(descriptors);
-    promise.n = why.empty() ? descriptors : 0;
-    if (!why.empty()) {
-      LOOM_THROW(ErrorCode::System, rank_,
-                 strFormat("cannot link %d peers: %s. Raise the limit (ulimit -n), or use fewer sockets per peer "
-                           "(LOOM_SOCKETS_PER_PEER), or link on first use (LOOM_CONNECT=lazy)",
-                           size_ - 1, why.c_str()));
-    }
+  if (now == 0) return 0;
+  const std::string why = makeRoomForDescriptors(now);
+  if (!why.empty()) {
+    LOOM_THROW(ErrorCode::System, rank_,
+               strFormat("cannot link %d peers: %s. Raise the limit (ulimit -n), or use fewer sockets per peer "
+                         "(LOOM_SOCKETS_PER_PEER), or link on first use (LOOM_CONNECT=lazy)",
+                         size_ - 1, why.c_str()));
   }
+  return now;
+}
+
+void LinkTable::makeLinks(TransportContext& ctx, const std::vector<std::vector<int>>& peersOf, bool lazy) {
   const auto n = static_cast<size_t>(size_);
   conns_.resize(n);
   names_.assign(n, "self");
@@ -139,7 +136,7 @@ void LinkTable::connect(TransportContext& ctx) {
   for (size_t t = 0; t < transports_.size(); ++t) {
     if (peersOf[t].empty()) continue;
     std::vector<std::unique_ptr<Connection>> conns;
-    if (onDemand(t)) {
+    if (lazy && transports_[t]->linksOnDemand()) {
       // Stand-ins, driven by the engine that will drive the links made behind them.
       ProgressEngine* driver = transports_[t]->prepareOnDemand(ctx, peersOf[t]);
       for (int peer : peersOf[t]) {
@@ -159,6 +156,21 @@ void LinkTable::connect(TransportContext& ctx) {
       props_[p].deviceBuffers = conns_[p]->takesDeviceBuffers();
     }
   }
+}
+
+void LinkTable::connect(TransportContext& ctx) {
+  const std::vector<std::vector<int>> peersOf = peersByTransport(ctx);
+  // Links made on first use hold no descriptor yet: room is made for them when they are.
+  const bool lazy = lazyLinks(rank_, size_);
+  // Promised to these links until they are open (ranks as threads of one process connect at once).
+  struct Promise {
+    size_t n;
+    ~Promise() {
+      if (n > 0) releaseDescriptors(n);
+    }
+  } promise{reserveDescriptors(ctx, peersOf, lazy)};
+  makeLinks(ctx, peersOf, lazy);
+  const auto n = static_cast<size_t>(size_);
   nodeLink_ = selfLinkProperties();
   if (size_ > 1) {
     TransportContext oneNode = ctx;
@@ -172,7 +184,8 @@ void LinkTable::connect(TransportContext& ctx) {
   conns_[static_cast<size_t>(rank_)] = std::make_unique<SelfConnection>(rank_);
   for (auto& c : conns_) c->attachAnySource(&anySource_);
   for (size_t t = 0; t < transports_.size(); ++t)
-    if (!peersOf[t].empty() && onDemand(t)) transports_[t]->linkOnDemand(ctx, peersOf[t], this);
+    if (!peersOf[t].empty() && lazy && transports_[t]->linksOnDemand())
+      transports_[t]->linkOnDemand(ctx, peersOf[t], this);
   // A link made on first use says whether it will take device buffers once the transport knows
   // the peers (linkOnDemand).
   for (size_t p = 0; p < n; ++p)

@@ -94,6 +94,12 @@ class LinkTable : private LinkSink {
   void close(const Status& bye) noexcept;
 
  private:
+  // connect()'s steps: the first transport that reaches each peer (throws where none does); the
+  // descriptors the links made now need, made room for (the count promised, released once they
+  // are open; throws where the limit cannot be raised); the links (or their stand-ins).
+  std::vector<std::vector<int>> peersByTransport(const TransportContext& ctx) const;
+  size_t reserveDescriptors(TransportContext& ctx, const std::vector<std::vector<int>>& peersOf, bool lazy);
+  void makeLinks(TransportContext& ctx, const std::vector<std::vector<int>>& peersOf, bool lazy);
   void stopThreads() noexcept;
   // LinkSink: links made on first use.
   void adopt(int peer, Connection& conn) override;
