@@ -24,8 +24,10 @@ std::atomic<bool> startAsked{false};  // startRuntime was called: CUDA's own rea
 DeviceRuntime* runtime() {
   if (DeviceRuntime* t = testRuntime.load(std::memory_order_acquire)) return t;
 #if LOOM_HAVE_CUDA
-  if (!cudaDriverInUse()) return nullptr;  // no device buffer can exist yet: CUDA is left alone
-  return cudaRuntime(nullptr);             // every call asks: no reason string to copy
+  // No device buffer can exist on a machine that shows no GPU (read once), nor in a process that has
+  // not started CUDA: either way CUDA is left alone, and the first costs nothing per call.
+  if (!cudaDevicesVisible() || !cudaDriverInUse()) return nullptr;
+  return cudaRuntime(nullptr);  // every call asks: no reason string to copy
 #else
   return nullptr;
 #endif
