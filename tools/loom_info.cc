@@ -105,6 +105,7 @@ void printAlgos() {
   const char* sizeNames[] = {"8B", "1K", "64K", "256K", "1M", "4M", "16M", "256M"};
   for (int i = 0; i < loom::coll::kCollCount; ++i) {
     const auto c = static_cast<Coll>(i);
+    if (c == Coll::Barrier) continue;  // moves no bytes: its rows above say it all
     std::printf("%-15s", loom::coll::collName(c));
     for (const char* s : sizeNames) std::printf(" %7s", s);
     std::printf("\n");

@@ -287,10 +287,12 @@ class Communicator {
   /// default: a link is made the first time an operation needs that peer).
   int linkCount() const;
   /// The algorithm this communicator runs for `collective` ("all_reduce", "broadcast", "reduce",
-  /// "all_gather", "reduce_scatter", "all_to_all") moving `bytes` in all: "ring", "rd", "hd",
-  /// "tree", "chain", "dbtree", "pairwise", "hier" (node-aware) or "direct" (one node, through
-  /// shared memory). What the cost model and LOOM_ALGO pick; in reproducible mode, for the float
-  /// reductions (all-reduce, reduce, reduce-scatter): "canonical", or "direct" on one node.
+  /// "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "barrier") moving `bytes`
+  /// in all: a name of the table of algorithms (`loom-info --algos`: "ring", "rd", "hd", "tree",
+  /// "chain", "dbtree", "pairwise", "linear", "dissemination", "hier" node-aware, "direct" on one
+  /// node through shared memory). What the cost model and LOOM_ALGO pick; in reproducible mode, for
+  /// the float reductions (all-reduce, reduce, reduce-scatter): "canonical", "canonical-rd",
+  /// "canonical-hier", or "direct" on one node.
   std::string algorithmFor(const std::string& collective, size_t bytes) const;
   /// The communicator's name (Options::name).
   const std::string& name() const;

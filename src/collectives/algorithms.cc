@@ -12,6 +12,8 @@ namespace {
 
 void allToAll(Context& c, const Args& a) { a.counts ? allToAllvPairwise(c, a) : allToAllPairwise(c, a); }
 
+void barrierOnArena(Context& c, const Args&) { barrierDirect(c); }
+
 void allReduceDirectCanonical(Context& c, const Args& a) {
   Args b = a;
   b.canonical = true;
@@ -73,6 +75,11 @@ const std::vector<AlgoRow> kTable = {
      "every rank sends its block to the root, all at once: the root links only its peers"},
     {C::Scatter, A::Linear, D, "linear", "", Any, linearUs, scatterLinear,
      "the root sends each rank its block, all at once: the root links only its peers"},
+    // ---- barrier ----
+    {C::Barrier, A::Dissemination, D, "dissemination", "", Any, disseminationUs, barrierDissemination,
+     "ceil(log2 n) rounds, each rank telling the rank 2^k ahead: any number of ranks"},
+    {C::Barrier, A::Direct, D, "direct", "", Arena, directBarrierUs, barrierOnArena,
+     "one node: a step on the shared arena's counters, with the same-call check; links no one"},
     // ---- reproducible mode's float reductions (docs/reproducibility.md) ----
     {C::AllReduce, A::CanonicalDirect, R, "direct", "", Arena, canonicalDirectUs, allReduceDirectCanonical,
      "the direct all-reduce reducing along the canonical tree, where the default mode reads in place"},
@@ -105,14 +112,14 @@ bool named(const AlgoRow& row, const std::string& name) {
 }  // namespace
 
 const char* collName(Coll c) {
-  static const char* const kNames[kCollCount] = {"all_reduce",     "broadcast",  "reduce", "all_gather",
-                                                 "reduce_scatter", "all_to_all", "gather", "scatter"};
+  static const char* const kNames[kCollCount] = {"all_reduce", "broadcast", "reduce",  "all_gather", "reduce_scatter",
+                                                 "all_to_all", "gather",    "scatter", "barrier"};
   return kNames[static_cast<int>(c)];
 }
 
 const char* collKey(Coll c) {
-  static const char* const kKeys[kCollCount] = {"allreduce",     "broadcast", "reduce", "allgather",
-                                                "reducescatter", "alltoall",  "gather", "scatter"};
+  static const char* const kKeys[kCollCount] = {"allreduce", "broadcast", "reduce",  "allgather", "reducescatter",
+                                                "alltoall",  "gather",    "scatter", "barrier"};
   return kKeys[static_cast<int>(c)];
 }
 

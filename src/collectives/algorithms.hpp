@@ -26,8 +26,8 @@ class Context;
 struct Args;
 
 /// The collectives. Each has rows in the table; kCollCount counts them.
-enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter };
-constexpr int kCollCount = 8;
+enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter, Barrier };
+constexpr int kCollCount = 9;
 
 /// The algorithms, by family: one family (the ring) serves several collectives, one row each.
 enum class Algo {
@@ -41,6 +41,7 @@ enum class Algo {
   Direct,
   HalvingDoubling,
   Linear,
+  Dissemination,
   Canonical,
   CanonicalDoubling,
   CanonicalAcrossNodes,

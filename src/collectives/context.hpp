@@ -157,6 +157,8 @@ void allToAllPairwise(Context& c, const Args& a);
 void allToAllvPairwise(Context& c, const Args& a);
 /// All-gather: every rank sends its block to every other at once (no forwarding).
 void allGatherPairwise(Context& c, const Args& a);
+// dissemination.cc: the barrier over links, ceil(log2 n) rounds of messages of no bytes.
+void barrierDissemination(Context& c, const Args& a);
 // linear.cc: gather and scatter, the root exchanging each rank's block with it directly, every
 // message in flight at once (the root links only its peers; no rank forwards another's block).
 void gatherLinear(Context& c, const Args& a);

@@ -155,6 +155,12 @@ double linearUs(const Call& c) {
   return (t.N - 1) * (t.a + t.S / t.N * t.b);
 }
 
+double disseminationUs(const Call& c) {
+  if (c.ranks == 1) return 0;
+  const Terms t = termsOf(c);
+  return t.logn * t.a;  // one message of no bytes per round, sent and received at once
+}
+
 double doubleTreeUs(const Call& c) {
   if (c.ranks == 1) return 0;
   const Terms t = termsOf(c);
@@ -211,6 +217,11 @@ double directSpreadUs(const Call& c) {
   // stage each chunk and copy it out in turn. From three ranks the readers all take a staged chunk
   // at once, and the direct forms win at every size (docs/performance.md, "Why the defaults").
   return c.ranks >= 3 || c.bytes <= kDirectPairMaxBytes ? kAlways : kNever;
+}
+
+double directBarrierUs(const Call&) {
+  // Every rank steps the arena's counters: no link, no message, where every rank shares it.
+  return kAlways;
 }
 
 double pairwiseOnOneNodeUs(const Call& c) {

@@ -63,12 +63,15 @@ double binomialUs(const Call& c);
 double chainUs(const Call& c);
 double pairwiseUs(const Call& c);
 double linearUs(const Call& c);
+double disseminationUs(const Call& c);
 double doubleTreeUs(const Call& c);
 /// Node-aware: the best flat algorithm within the nodes and between them, step by step.
 double hierarchicalUs(const Call& c);
 /// The direct all-reduce's rule, and the direct broadcast's and all-gather's.
 double directAllReduceUs(const Call& c);
 double directSpreadUs(const Call& c);
+/// The barrier on one node's arena: no message at all.
+double directBarrierUs(const Call& c);
 /// The pairwise all-gather over one node's memory: where the direct form is not taken.
 double pairwiseOnOneNodeUs(const Call& c);
 /// Reproducible mode's rules: the canonical forms follow what the default mode would run.

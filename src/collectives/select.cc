@@ -11,9 +11,9 @@ namespace coll {
 namespace {
 
 LOOM_PARAM_STR(algoParam, "LOOM_ALGO", "",
-               "force algorithms: ring, rd, hd, dbtree, tree, chain, pairwise, linear, hier (node-aware), direct "
-               "(one node only), or per collective, e.g. allreduce:rd,broadcast:chain (default: the cost model's "
-               "choice; loom-info --algos prints the table)");
+               "force algorithms: ring, rd, hd, dbtree, tree, chain, pairwise, linear, dissemination, hier "
+               "(node-aware), direct (one node only), or per collective, e.g. allreduce:rd,broadcast:chain,"
+               "barrier:dissemination (default: the cost model's choice; loom-info --algos prints the table)");
 
 // LOOM_ALGO's items: a bare name applies to every collective with a row of that name,
 // "collective:name" to one.

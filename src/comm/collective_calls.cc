@@ -115,6 +115,8 @@ SigKind sigKindOf(Coll kind) {
       return SigKind::Gather;
     case Coll::Scatter:
       return SigKind::Scatter;
+    case Coll::Barrier:
+      return SigKind::Barrier;
   }
   return SigKind::None;
 }
@@ -336,6 +338,10 @@ Work allToAllvImpl(const Communicator& comm, const void* s, const std::vector<si
 int Communicator::deviceOf(const void* p) {
   device::DeviceRuntime* rt = device::runtime();
   return rt == nullptr ? -1 : rt->deviceOf(p);
+}
+
+void detail::CommImpl::barrierBody(int64_t seq) {
+  runOnHost(*this, Coll::Barrier, Args{}, makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0), seq);
 }
 
 std::string Communicator::algorithmFor(const std::string& collective, size_t bytes) const {

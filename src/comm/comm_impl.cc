@@ -27,7 +27,6 @@
 namespace loom {
 namespace detail {
 
-using coll::planDisseminationBarrier;
 namespace {
 
 LOOM_PARAM_INT(timeoutParam, "LOOM_TIMEOUT", 300,
@@ -320,30 +319,6 @@ uint8_t* CommImpl::scratch(size_t bytes, int slot) {
     v.resize(bytes);
   }
   return v.data();
-}
-
-void CommImpl::barrierBody(int64_t seq) {
-  const uint32_t tag = collectiveTag(seq);
-  const uint64_t sig = makeSignature(SigKind::Barrier, DataType::Uint8, ReduceOp::Sum, 0, 0);
-  if (selector_ != nullptr && selector_->direct()) {
-    // Every rank on this node's arena: a step on the counters, which links no one.
-    diag_.enterCall(seq, sig, "direct");
-    coll::Context ctx(*this, seq, "barrier", "direct", sig);
-    return coll::barrierDirect(ctx);
-  }
-  diag_.enterCall(seq, sig, "dissemination");
-  uint8_t token = 0, sink = 0;
-  for (const auto& round : planDisseminationBarrier(rank_, size_)) {
-    Label in, out;
-    in.coll = out.coll = "barrier";
-    in.algo = out.algo = "dissemination";
-    in.seq = out.seq = seq;
-    out.send = true;
-    auto r = postRecv(round.from, &sink, 0, tag, in, sig);
-    auto s = postSend(round.to, &token, 0, tag, out, sig);
-    s->wait();
-    r->wait();
-  }
 }
 
 }  // namespace detail

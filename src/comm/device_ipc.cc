@@ -165,6 +165,8 @@ struct IpcWork {
           for (size_t p = 0; p < N; ++p) rt.copyAsync(out + p * block, sendOf[p] + ME * block, block, work);
         }
         break;
+      case Coll::Barrier:  // host only: takes no buffers
+        break;
     }
     endStep();
   }

@@ -392,6 +392,28 @@ TEST(Barrier, OnOneNodeItLinksNoOneAndAMismatchIsNamed) {
   }
 }
 
+// The barrier's rows of the algorithm table: forced to the dissemination on one node, it goes over
+// the links (ceil(log2 12) = 4 rounds: each rank linked to at most 8 peers), and still waits for
+// every rank; loom-info's names for it parse.
+TEST(Barrier, ForcedToTheDisseminationItGoesOverTheLinks) {
+  loomtest::EnvGuard forced("LOOM_ALGO", "barrier:dissemination");
+  std::vector<std::atomic<int>> entered(5);
+  for (auto& e : entered) e = 0;
+  runOk(12, [&](loom::Communicator& c) {
+    EXPECT_EQ(c.algorithmFor("barrier", 0), "dissemination");
+    for (int it = 0; it < 5; ++it) {
+      if ((it + c.rank()) % 5 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      entered[it]++;
+      c.barrier();
+      EXPECT_EQ(entered[it].load(), 12) << "iteration " << it;
+    }
+    EXPECT_GE(c.linkCount(), 1);
+    EXPECT_LE(c.linkCount(), 8);
+  });
+  loomtest::EnvGuard unforced("LOOM_ALGO", "");
+  runOk(3, [&](loom::Communicator& c) { EXPECT_EQ(c.algorithmFor("barrier", 0), "direct"); });
+}
+
 TEST(Barrier, AsynchronousBarriersCompleteInOrder) {
   runOk(4, [&](loom::Communicator& c) {
     std::vector<loom::Work> w;

@@ -20,9 +20,11 @@
 //   READY (tag, seq, capacity, ahead)    a hint from the receiver: a receive of `capacity` bytes
 //                                        is posted for tag; it will match the (ahead+1)-th message
 //                                        on that tag from sequence number `seq` on. A sender whose
-//                                        next large message is that one sends it EAGER, saving the
-//                                        RTS/CTS round trip. Only a hint: a wrong guess costs a copy
-//                                        through the unexpected queue, never correctness.
+//                                        next large message is that one (up to LOOM_READY_BYTES)
+//                                        sends it at once, as a PUSH (an EAGER where it takes one
+//                                        stripe), saving the RTS/CTS round trip. Only a hint: a wrong
+//                                        guess costs a copy through the unexpected queue, never
+//                                        correctness.
 //
 // Fields are little-endian. Everything read from the wire is checked before use.
 #pragma once

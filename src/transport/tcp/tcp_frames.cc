@@ -198,8 +198,8 @@ Status TcpConnection::onHeaderLocked(Stream& s, const FrameHeader& h) {
         return Status::success();
       }
       enqueueDataLocked(op);
-      // Whoever reads this writes what the sockets take at once (flushAllLocked); the send engine
-      // is armed for the rest.
+      // The reader that parsed this CTS writes what the sockets take once it has read (tcp_io.cc,
+      // up to its write budget per stream); the send engine is armed for the rest.
       return Status::success();
     }
     case FrameType::Bye: {
