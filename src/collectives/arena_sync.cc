@@ -20,8 +20,8 @@ constexpr auto kSpinFor = std::chrono::milliseconds(50);
 constexpr auto kFirstNap = std::chrono::microseconds(50);
 constexpr auto kLongestNap = std::chrono::microseconds(1000);
 
-// ThreadSanitizer's view of the barrier (shm::LocalArena::processClock); nothing in other builds.
-inline void tsanTick(const shm::LocalArena& ar) {
+// ThreadSanitizer's view of the barrier (LocalArena::processClock); nothing in other builds.
+inline void tsanTick(const LocalArena& ar) {
 #if defined(__SANITIZE_THREAD__)
   if (ar.processClock) ar.processClock->fetch_add(1, std::memory_order_acq_rel);
 #else
@@ -30,7 +30,7 @@ inline void tsanTick(const shm::LocalArena& ar) {
 }
 }  // namespace
 
-void barrier(const Context& c, const shm::LocalArena& ar, uint64_t target) {
+void barrier(const Context& c, const LocalArena& ar, uint64_t target) {
   tsanTick(ar);
   ar.steps[static_cast<size_t>(ar.me)]->store(target, std::memory_order_release);
   const auto& comm = c.comm();

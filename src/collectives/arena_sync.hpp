@@ -1,12 +1,12 @@
 // Synchronisation of the ranks of one node through their shared arena (transport.hpp's
-// shm::LocalArena): a barrier on the ranks' step counters, used by the algorithms that read their
+// LocalArena): a barrier on the ranks' step counters, used by the algorithms that read their
 // peers' memory in place (direct.cc on host buffers, device_ipc.cc on device buffers).
 #pragma once
 
 #include <cstdint>
 
 #include "collectives/context.hpp"
-#include "transport/shm/arena.hpp"
+#include "transport/arena.hpp"
 
 namespace loom {
 namespace coll {
@@ -16,7 +16,7 @@ namespace coll {
 /// collective under this sequence number, and the communicator's timeout each fail the
 /// communicator with an error naming the rank; dump requests are answered meanwhile. A wait past
 /// 50 ms naps (up to 1 ms at a time) instead of spinning.
-void barrier(const Context& c, const shm::LocalArena& ar, uint64_t target);
+void barrier(const Context& c, const LocalArena& ar, uint64_t target);
 
 }  // namespace coll
 }  // namespace loom

@@ -17,8 +17,8 @@
 #include "core/node_map.hpp"
 #include "core/receive_consumer.hpp"
 #include "core/request.hpp"
+#include "transport/arena.hpp"
 #include "transport/link_properties.hpp"
-#include "transport/shm/arena.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -69,7 +69,7 @@ class CommView {
   /// The communicator's algorithm selector (null only while it is being made).
   virtual const Selector* selector() const = 0;
   /// The node's shared arena (ranks of one node that read each other's memory), or nullptr.
-  virtual const shm::LocalArena* arena() const = 0;
+  virtual const LocalArena* arena() const = 0;
   /// The first local peer in collective `seq` with a signature other than `sig`, as an error;
   /// success when there is none (or no shared arena).
   virtual Status localCallMismatch(int64_t seq, uint64_t sig) const = 0;

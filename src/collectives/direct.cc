@@ -48,14 +48,14 @@ uint64_t callWord(const Context& c, Kind kind, const Args& a) {
   return isOnDeviceBuffers(c.signature()) ? onDeviceBuffers(word) : word;
 }
 
-void publishCall(const Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
+void publishCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
   std::atomic<uint64_t>* w = ar.calls[static_cast<size_t>(ar.me)] + 3 * set;
   w[0].store(static_cast<uint64_t>(c.seq()), std::memory_order_relaxed);
   w[1].store(bytes, std::memory_order_relaxed);
   w[2].store(word, std::memory_order_relaxed);
 }
 
-void checkSameCall(const Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
+void checkSameCall(const Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, int set) {
   for (size_t p = 0; p < ar.calls.size(); ++p) {
     if (static_cast<int>(p) == ar.me) continue;
     const std::atomic<uint64_t>* d = ar.calls[p] + 3 * set;
@@ -88,13 +88,13 @@ void checkSameCall(const Context& c, const shm::LocalArena& ar, uint64_t bytes, 
 // rank's half. A rank writes a half again two small calls on, which it reaches only after the
 // next barrier, which every rank passes only once it has finished reading: no second barrier.
 template <typename Consume>
-void smallExchange(Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64_t word, const void* stage,
+void smallExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, const void* stage,
                    size_t stageBytes, Consume consume) {
   const size_t small = directSmallMaxBytes(ar.bytes);
   uint64_t step = ar.steps[static_cast<size_t>(ar.me)]->load(std::memory_order_relaxed);
   const int parity = static_cast<int>(step & 1);
   const size_t half = static_cast<size_t>(parity) * small;
-  if (stageBytes > 0) shm::backOwn(ar, 2 * small);
+  if (stageBytes > 0) backOwn(ar, 2 * small);
   publishCall(c, ar, bytes, word, parity);
   if (stageBytes > 0) kernels::copy(ar.buffers[static_cast<size_t>(ar.me)] + half, stage, stageBytes);
   barrier(c, ar, ++step);
@@ -105,7 +105,7 @@ void smallExchange(Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64
 }  // namespace
 
 void allReduceDirect(Context& c, const Args& a) {
-  const shm::LocalArena& ar = *c.comm().arena();
+  const LocalArena& ar = *c.comm().arena();
   const int n = static_cast<int>(ar.ranks.size()), me = ar.me;
   const size_t E = a.elem;
   const size_t small = directSmallMaxBytes(ar.bytes);  // (select.hpp)
@@ -140,7 +140,7 @@ void allReduceDirect(Context& c, const Args& a) {
     });
     return;
   }
-  shm::backOwn(ar, ar.bytes);
+  backOwn(ar, ar.bytes);
   mine += largeAt;
   // Large calls describe themselves in a set of their own: a peer may still be checking the
   // small calls' sets while this rank has moved on.
@@ -205,7 +205,7 @@ namespace {
 // `stage(at, off, len)` writes this rank's part of chunk [off, off + len) at area offset `at`;
 // `take(at, off, len)` copies what this rank needs of it from the areas.
 template <typename Stage, typename Take>
-void halvedExchange(Context& c, const shm::LocalArena& ar, uint64_t bytes, uint64_t word, size_t length, Stage stage,
+void halvedExchange(Context& c, const LocalArena& ar, uint64_t bytes, uint64_t word, size_t length, Stage stage,
                     Take take) {
   const size_t largeAt = 2 * directSmallMaxBytes(ar.bytes);
   const size_t half = std::max<size_t>(64, ((ar.bytes - largeAt) / 2) & ~size_t{63});
@@ -229,7 +229,7 @@ void barrierDirect(Context& c) {
 }
 
 void exchangeDirect(Context& c, const void* send, size_t block, FunctionRef<void(int, const uint8_t*)> take) {
-  const shm::LocalArena& ar = *c.comm().arena();
+  const LocalArena& ar = *c.comm().arena();
   if (block > directSmallMaxBytes(ar.bytes)) {
     throw Status::error(ErrorCode::Internal,
                         strFormat("%s: an exchange of %zu bytes a rank through the arena (at most %zu)", c.name(),
@@ -243,7 +243,7 @@ void exchangeDirect(Context& c, const void* send, size_t block, FunctionRef<void
 }
 
 void broadcastDirect(Context& c, const Args& a) {
-  const shm::LocalArena& ar = *c.comm().arena();
+  const LocalArena& ar = *c.comm().arena();
   const size_t total = a.count * a.elem;
   if (total == 0) return;
   const bool root = c.rank() == a.root;
@@ -263,7 +263,7 @@ void broadcastDirect(Context& c, const Args& a) {
   const uint8_t* in = cbytes(a.send);
   uint8_t* out = bytes(a.recv);
   uint8_t* mine = ar.buffers[static_cast<size_t>(ar.me)];
-  if (root) shm::backOwn(ar, ar.bytes);
+  if (root) backOwn(ar, ar.bytes);
   halvedExchange(
       c, ar, total, word, total,
       [&](size_t at, size_t off, size_t len) {
@@ -279,7 +279,7 @@ void broadcastDirect(Context& c, const Args& a) {
 }
 
 void allGatherDirect(Context& c, const Args& a) {
-  const shm::LocalArena& ar = *c.comm().arena();
+  const LocalArena& ar = *c.comm().arena();
   const size_t block = a.count * a.elem;
   if (block == 0) return;
   const uint8_t* in = cbytes(a.send);
@@ -299,7 +299,7 @@ void allGatherDirect(Context& c, const Args& a) {
   }
   // Each rank's block in chunks: stage this rank's chunk, then copy every peer's.
   uint8_t* mine = ar.buffers[static_cast<size_t>(ar.me)];
-  shm::backOwn(ar, ar.bytes);
+  backOwn(ar, ar.bytes);
   halvedExchange(
       c, ar, block, word, block, [&](size_t at, size_t off, size_t len) { kernels::copy(mine + at, in + off, len); },
       [&](size_t at, size_t off, size_t len) {

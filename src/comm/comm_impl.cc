@@ -163,10 +163,11 @@ void CommImpl::checkPeer(int peer, const char* what) const {
 
 Registration CommImpl::registerMemory(int peer, const void* addr, size_t bytes) const {
   checkPeer(peer, "registerMemory");
-  Status error;
-  Registration r = links_.registerMemory(peer, addr, bytes, &error);
-  if (r == nullptr) throw error.toError(rank_);
-  return r;
+  try {
+    return links_.registerMemory(peer, addr, bytes);
+  } catch (const Error& e) {
+    throw Error(e.code(), e.message(), rank_, e.peer());  // as this rank's
+  }
 }
 
 size_t CommImpl::checkBuffer(const void* buf, size_t count, DataType type, const char* what) const {

@@ -27,9 +27,9 @@
 #include "core/progress_engine.hpp"
 #include "core/request.hpp"
 #include "loom/loom.hpp"
+#include "transport/arena.hpp"
 #include "transport/cuda_ipc/ipc_mem_cache.hpp"
 #include "transport/link_table.hpp"
-#include "transport/shm/arena.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -150,9 +150,9 @@ class CommImpl : public Progressable, public coll::CommView {
     checkPeer(peer, "registrationStats");
     return links_.registrationStats(peer);
   }
-  /// The node's shared arena (a transport's shm::ArenaProvider), or nullptr.
-  const shm::LocalArena* arena() const override { return links_.arena(); }
-  /// Where peers' device memory is mapped (a transport's IpcCacheProvider), or nullptr when no
+  /// The node's shared arena (a transport's Services), or nullptr.
+  const LocalArena* arena() const override { return links_.arena(); }
+  /// Where peers' device memory is mapped (a transport's Services), or nullptr when no
   /// transport shares device memory with the node's peers.
   cuda_ipc::IpcMemCache* ipcCache() const { return links_.ipcCache(); }
 

@@ -69,7 +69,7 @@ void runAlone(device::DeviceRuntime& rt, const Args& a, device::StreamHandle wor
 struct IpcWork {
   device::DeviceRuntime& rt;
   Context& ctx;
-  const shm::LocalArena& ar;
+  const LocalArena& ar;
   const Args& a;
   const std::vector<DeviceRecord>& recs;
   const std::vector<const uint8_t*>& sendOf;  // every rank's input, mapped here
@@ -219,7 +219,7 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
   if (!a.counts && a.count == 0) return;  // the count is in the signature: every rank skips alike
 
   try {
-    const shm::LocalArena& ar = *comm.arena();
+    const LocalArena& ar = *comm.arena();
     // 1. This rank's record; barrier.
     DeviceRecord mine;
     mine.seq = static_cast<uint64_t>(seq);
@@ -258,7 +258,7 @@ bool deviceIpcUsable(const detail::CommImpl& c, Coll kind, bool varCounts) {
   (void)kind;
   if (c.size() == 1) return true;
   if (varCounts && c.size() > kIpcMaxAllToAllvRanks) return false;
-  const shm::LocalArena* ar = c.arena();
+  const LocalArena* ar = c.arena();
   if (c.ipcCache() == nullptr || ar == nullptr || static_cast<int>(ar->ranks.size()) != c.size() ||
       static_cast<int>(ar->deviceRecords.size()) != c.size())
     return false;

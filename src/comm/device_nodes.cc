@@ -125,7 +125,7 @@ struct NodeCall {
   Context ctx;
   const std::string label;
   device::StreamHandle work;
-  const shm::LocalArena& ar;
+  const LocalArena& ar;
   const size_t L, me;
   std::vector<int> column;  // the ranks of this local index, one per node
   size_t node = 0;          // this rank's, an index into column
@@ -385,7 +385,7 @@ bool deviceNodesUsable(const detail::CommImpl& c, Coll kind) {
   if (L < 2) return false;
   for (int k = 0; k < c.nodeCount(); ++k)
     if (static_cast<int>(c.ranksOnNode(k).size()) != L) return false;
-  const shm::LocalArena* ar = c.arena();
+  const LocalArena* ar = c.arena();
   if (c.ipcCache() == nullptr || ar == nullptr || ar->ranks != c.ranksOnNode(c.nodeOf(c.rank())) ||
       static_cast<int>(ar->deviceRecords.size()) != L)
     return false;

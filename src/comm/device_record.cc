@@ -18,7 +18,7 @@ using coll::barrier;
 using coll::Context;
 namespace {
 
-static_assert(sizeof(DeviceRecord) <= shm::LocalArena::kDeviceRecordBytes, "a record fits its arena slot");
+static_assert(sizeof(DeviceRecord) <= LocalArena::kDeviceRecordBytes, "a record fits its arena slot");
 
 // Said once per process: a pool buffer costs a device copy per call, which a user may want to know.
 void noteBounce(const Error& e) {
@@ -64,7 +64,7 @@ uint8_t* shareDeviceBuffer(DeviceState& st, const void* p, size_t bytes, int slo
   return bounce;
 }
 
-std::vector<DeviceRecord> exchangeRecords(const Context& ctx, const shm::LocalArena& ar, const DeviceRecord& mine,
+std::vector<DeviceRecord> exchangeRecords(const Context& ctx, const LocalArena& ar, const DeviceRecord& mine,
                                           uint64_t* step, const std::string& label) {
   const auto N = ar.ranks.size(), ME = static_cast<size_t>(ar.me);
   std::memcpy(ar.deviceRecords[ME], &mine, sizeof(mine));

@@ -59,7 +59,7 @@ uint8_t* shareDeviceBuffer(DeviceState& st, const void* p, size_t bytes, int slo
 /// Writes `mine` into this rank's slot of `ar`, passes the barrier of step ++*step, and returns
 /// every local rank's record (by index in `ar.ranks`) once each is checked to be in the same call;
 /// otherwise fails the communicator naming the first that is not (`label` heads the message).
-std::vector<DeviceRecord> exchangeRecords(const Context& ctx, const shm::LocalArena& ar, const DeviceRecord& mine,
+std::vector<DeviceRecord> exchangeRecords(const Context& ctx, const LocalArena& ar, const DeviceRecord& mine,
                                           uint64_t* step, const std::string& label);
 
 /// Where the buffer (`ptr`, `h`) of record `theirs` is in this process: the pointer itself for this

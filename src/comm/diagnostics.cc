@@ -45,17 +45,17 @@ void Diagnostics::enterCall(int64_t seq, uint64_t sig, const char* algo) {
   flight_.running(seq, sig, algo);
   currentSig_.store(sig, std::memory_order_relaxed);
   currentSeq_.store(seq, std::memory_order_release);
-  if (const shm::LocalArena* a = arena_)
-    shm::publishCall(a->current[static_cast<size_t>(a->me)], static_cast<uint64_t>(seq), sig);
+  if (const LocalArena* a = arena_)
+    publishCall(a->current[static_cast<size_t>(a->me)], static_cast<uint64_t>(seq), sig);
 }
 
 Status Diagnostics::localCallMismatch(int64_t seq, uint64_t sig) const {
-  const shm::LocalArena* a = arena_;
+  const LocalArena* a = arena_;
   if (a == nullptr || sig == 0) return Status::success();
   for (size_t i = 0; i < a->current.size(); ++i) {
     if (static_cast<int>(i) == a->me) continue;
     uint64_t theirSeq = 0, theirSig = 0;
-    if (!shm::readCall(a->current[i], &theirSeq, &theirSig)) continue;
+    if (!readCall(a->current[i], &theirSeq, &theirSig)) continue;
     if (theirSeq == static_cast<uint64_t>(seq) && !signaturesAgree(sig, theirSig)) {
       Status s = signatureMismatch(a->ranks[i], theirSig, rank_, sig);
       s.seq = seq;

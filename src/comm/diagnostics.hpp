@@ -25,7 +25,7 @@
 #include "comm/flight_recorder.hpp"
 #include "core/request.hpp"
 #include "core/status.hpp"
-#include "transport/shm/arena.hpp"
+#include "transport/arena.hpp"
 
 namespace loom {
 namespace detail {
@@ -35,7 +35,7 @@ class Diagnostics {
   Diagnostics(int rank, int size, std::string name, std::shared_ptr<Store> store,
               std::shared_ptr<FailureState> failure);
   /// The node's shared arena, once the links are up (nullptr where there is none).
-  void setArena(const shm::LocalArena* arena) { arena_ = arena; }
+  void setArena(const LocalArena* arena) { arena_ = arena; }
 
   FlightRecorder& flight() { return flight_; }
   const FlightRecorder& flight() const { return flight_; }
@@ -74,7 +74,7 @@ class Diagnostics {
   const std::string name_;
   const std::shared_ptr<Store> store_;
   const std::shared_ptr<FailureState> failure_;
-  const shm::LocalArena* arena_ = nullptr;
+  const LocalArena* arena_ = nullptr;
   FlightRecorder flight_;
   std::atomic<int64_t> currentSeq_{-1};  // the collective this rank is in (enterCall)
   std::atomic<uint64_t> currentSig_{0};

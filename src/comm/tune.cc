@@ -117,7 +117,7 @@ void tuneLinksIfAsked(detail::CommImpl& comm) {
   for (int k = 0; k < comm.nodeCount(); ++k)
     shape.evenNodes = shape.evenNodes && static_cast<int>(comm.ranksOnNode(k).size()) == shape.maxLocal;
   shape.intra = costModelFor(comm.nodeLink());
-  const shm::LocalArena* arena = comm.arena();
+  const LocalArena* arena = comm.arena();
   shape.direct = arena != nullptr && static_cast<int>(arena->ranks.size()) == comm.size() && comm.size() > 1;
   shape.directMinBytes = directMinBytesFromEnv();
   if (shape.direct) shape.directSmallMaxBytes = directSmallMaxBytes(arena->bytes);

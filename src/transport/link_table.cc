@@ -193,10 +193,9 @@ void LinkTable::connect(TransportContext& ctx) {
   for (auto* e : engines_) e->seal();
   // The transports' services, found once here (every collective asks).
   for (const auto& t : transports_) {
-    if (const auto* p = dynamic_cast<const shm::ArenaProvider*>(t.get()); p != nullptr && arena_ == nullptr)
-      arena_ = p->arena();
-    if (auto* p = dynamic_cast<cuda_ipc::IpcCacheProvider*>(t.get()); p != nullptr && ipcCache_ == nullptr)
-      ipcCache_ = p->ipcCache();
+    const Transport::Services s = t->services();
+    if (arena_ == nullptr) arena_ = s.arena;
+    if (ipcCache_ == nullptr) ipcCache_ = s.ipcCache;
   }
 }
 
@@ -228,9 +227,9 @@ RegistrationStats LinkTable::registrationStats(int peer) const {
   return t != nullptr ? t->registrationStats() : RegistrationStats{};
 }
 
-Registration LinkTable::registerMemory(int peer, const void* addr, size_t bytes, Status* error) const {
+Registration LinkTable::registerMemory(int peer, const void* addr, size_t bytes) const {
   Transport* t = transportTo_[static_cast<size_t>(peer)];
-  return t != nullptr ? t->registerMemory(addr, bytes, error) : Transport::registerKeyless(addr, bytes, error);
+  return t != nullptr ? t->registerMemory(addr, bytes) : Transport::registerKeyless(addr, bytes);
 }
 
 bool LinkTable::pollAnother(int peer) noexcept {

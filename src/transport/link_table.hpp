@@ -26,9 +26,9 @@
 
 #include "core/progress_engine.hpp"
 #include "transport/any_source.hpp"
+#include "transport/arena.hpp"
 #include "transport/cuda_ipc/ipc_mem_cache.hpp"
 #include "transport/registry.hpp"
-#include "transport/shm/arena.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -63,13 +63,14 @@ class LinkTable : private LinkSink {
   /// The link two ranks of one node get, decided alike on every rank (a rank alone on its node
   /// included): the first transport that reaches a peer when every rank shares this node.
   const LinkProperties& nodeLink() const { return nodeLink_; }
-  /// The node's shared arena (a transport's shm::ArenaProvider), or nullptr.
-  const shm::LocalArena* arena() const { return arena_; }
-  /// Where peers' device memory is mapped (a transport's IpcCacheProvider), or nullptr.
+  /// The node's shared arena (a transport's Services), or nullptr.
+  const LocalArena* arena() const { return arena_; }
+  /// Where peers' device memory is mapped (a transport's Services), or nullptr.
   cuda_ipc::IpcMemCache* ipcCache() const { return ipcCache_; }
   /// Registers [addr, addr + bytes) with the transport linking to `peer` (for this rank itself:
   /// the range without keys); null and *error on failure.
-  Registration registerMemory(int peer, const void* addr, size_t bytes, Status* error) const;
+  /// Registers [addr, addr + bytes) for the link to `peer` (Transport::registerMemory); throws.
+  Registration registerMemory(int peer, const void* addr, size_t bytes) const;
   /// The registration statistics of the transport linking to `peer` (zeros for this rank).
   RegistrationStats registrationStats(int peer) const;
 
@@ -119,7 +120,7 @@ class LinkTable : private LinkSink {
   std::vector<Transport*> transportTo_;             // by rank; null for this rank
   std::vector<LinkProperties> props_;               // by rank
   LinkProperties nodeLink_;
-  const shm::LocalArena* arena_ = nullptr;
+  const LocalArena* arena_ = nullptr;
   cuda_ipc::IpcMemCache* ipcCache_ = nullptr;
   std::atomic<unsigned> nextPolled_{0};  // pollAnother's turn
   AnySource anySource_;                  // before conns_ is cleared, every link has left it

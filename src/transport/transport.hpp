@@ -10,6 +10,12 @@
 // core/progress_engine.hpp); neither a Connection nor a Transport starts a thread of its own.
 // A transport whose links touch user memory in place registers it (registration.hpp).
 //
+// Errors: the calls that finish before they return (publish, connect, linkOnDemand,
+// registerMemory) throw loom::Error; the ones that start something (isend, irecv, linkTo) never
+// throw, and report through what they started (the Request, the LinkSink); progress code returns
+// a Status. What a transport offers the algorithms beyond its links (a node's
+// shared arena, a map of peers' device memory) it says through services(), never found by type.
+//
 // Ownership: the communicator owns transports and connections; connections hold a raw
 // back-reference to the engine, which the communicator stops before destroying them.
 #pragma once
@@ -34,6 +40,10 @@
 namespace loom {
 
 class AnySource;
+struct LocalArena;
+namespace cuda_ipc {
+class IpcMemCache;
+}  // namespace cuda_ipc
 
 /// Tags with this bit belong to collectives (user tags stay below it). Transports may treat their
 /// messages differently: a collective's receiver posts its receives within a pipeline step.
@@ -163,6 +173,15 @@ class Transport {
   /// Connects to every rank in `peers`, all ranks at once; returns connections indexed like peers.
   virtual std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) = 0;
 
+  /// What this transport offers the algorithms besides its links, after connect: the node's shared
+  /// arena (transport/arena.hpp; shared memory, CUDA IPC) and where peers' device memory is mapped
+  /// (CUDA IPC). Null where it offers none. Pointers stay valid while the transport lives.
+  struct Services {
+    const LocalArena* arena = nullptr;
+    cuda_ipc::IpcMemCache* ipcCache = nullptr;
+  };
+  virtual Services services() { return {}; }
+
   // ---- Links on first use (LOOM_CONNECT=lazy). A transport that can set up the link to one peer
   // when either side first needs it, without the other side's application thread, says so; the
   // link table then calls linkOnDemand instead of connect, and linkTo when a peer is first used.
@@ -198,19 +217,14 @@ class Transport {
   /// Registers [addr, addr + bytes) for this transport's links (registration.hpp): a transport
   /// whose properties say needsRegistration touches only registered memory in place, and keeps
   /// registrations for reuse in its RegistrationCache. The range stays registered while the result
-  /// is held. This default, for transports that need none, returns the range without keys. On
-  /// failure returns null and sets *error. Any thread.
-  virtual Registration registerMemory(const void* addr, size_t bytes, Status* error) {
-    return registerKeyless(addr, bytes, error);
-  }
+  /// is held. This default, for transports that need none, returns the range without keys.
+  /// Throws loom::Error where the range cannot be registered. Any thread.
+  virtual Registration registerMemory(const void* addr, size_t bytes) { return registerKeyless(addr, bytes); }
   /// What this transport's registration cache did so far (zeros where it registers nothing).
   virtual RegistrationStats registrationStats() const { return {}; }
-  /// The default's registration: the range, no keys; null and *error for a null address.
-  static Registration registerKeyless(const void* addr, size_t bytes, Status* error) {
-    if (addr == nullptr) {
-      *error = Status::error(ErrorCode::InvalidArgument, "cannot register memory at a null address");
-      return nullptr;
-    }
+  /// The default's registration: the range, no keys; throws InvalidArgument for a null address.
+  static Registration registerKeyless(const void* addr, size_t bytes) {
+    if (addr == nullptr) LOOM_THROW(ErrorCode::InvalidArgument, -1, "cannot register memory at a null address");
     return keylessRegistration(addr, bytes);
   }
 };

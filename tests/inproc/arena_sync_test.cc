@@ -27,7 +27,7 @@ constexpr int64_t kSeq = 1000000;
 struct TestArena {
   std::vector<std::unique_ptr<std::atomic<uint64_t>>> words;
   std::vector<std::string> why;  // "" while that rank can take part
-  loom::shm::LocalArena arena;
+  loom::LocalArena arena;
 
   explicit TestArena(int n) : why(static_cast<size_t>(n)) {
     for (int i = 0; i < n; ++i) {

@@ -96,7 +96,7 @@ class FakeComm : public loom::coll::CommView {
   const LinkProperties& link(int peer) const override { return links_[static_cast<size_t>(peer)]; }
   const LinkProperties& nodeLink() const override { return nodeLink_; }
   const loom::coll::Selector* selector() const override { return nullptr; }
-  const loom::shm::LocalArena* arena() const override { return nullptr; }
+  const loom::LocalArena* arena() const override { return nullptr; }
   loom::Status localCallMismatch(int64_t, uint64_t) const override { return loom::Status::success(); }
 
  private:

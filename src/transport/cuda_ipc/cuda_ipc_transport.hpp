@@ -23,7 +23,7 @@
 namespace loom {
 namespace cuda_ipc {
 
-class CudaIpcTransport : public Transport, public shm::ArenaProvider, public IpcCacheProvider {
+class CudaIpcTransport : public Transport {
  public:
   CudaIpcTransport() = default;
   ~CudaIpcTransport() override;
@@ -39,8 +39,8 @@ class CudaIpcTransport : public Transport, public shm::ArenaProvider, public Ipc
   bool reaches(const TransportContext& ctx, int peer) const override;
   void publish(TransportContext& ctx) override { shm_.publish(ctx); }
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
-  const shm::LocalArena* arena() const override { return shm_.arena(); }
-  IpcMemCache* ipcCache() override { return &cache_; }
+  /// Shared memory's arena, and the map of the peers' device memory.
+  Services services() override { return Services{shm_.arena(), &cache_}; }
 
  private:
   shm::ShmTransport shm_;

@@ -66,15 +66,5 @@ class IpcMemCache {
   std::list<Key> lru_;  // most recently used first
 };
 
-/// A transport that maps its node's peers' device allocations (CUDA IPC): a service to the
-/// device collectives, found by the communicator among its transports.
-class IpcCacheProvider {
- public:
-  virtual IpcMemCache* ipcCache() = 0;
-
- protected:
-  ~IpcCacheProvider() = default;
-};
-
 }  // namespace cuda_ipc
 }  // namespace loom

@@ -169,9 +169,12 @@ void IbTransport::publish(TransportContext& ctx) {
             gpu.empty() ? "" : gpu.substr(gpu.rfind('/') + 1).c_str());
 }
 
-Registration IbTransport::registerMemory(const void* addr, size_t bytes, Status* error) {
-  if (!cache_) return registerKeyless(addr, bytes, error);
-  return cache_->acquire(addr, bytes, error);
+Registration IbTransport::registerMemory(const void* addr, size_t bytes) {
+  if (!cache_) return registerKeyless(addr, bytes);
+  Status error;
+  Registration r = cache_->acquire(addr, bytes, &error);
+  if (r == nullptr) throw error.toError(-1);
+  return r;
 }
 
 Status IbTransport::registerRange(uintptr_t begin, size_t bytes, RegisteredRange* out) noexcept {

@@ -70,7 +70,7 @@ class IbTransport : public Transport, private Registrar {
   void linkTo(int peer) noexcept override;
   /// Both ranks have GPUDirect RDMA (each says so in its record: ibgpu/<rank>).
   bool takesDeviceBuffersTo(int peer) const override { return deviceRegs_ != nullptr && gpuPeers_.count(peer) > 0; }
-  Registration registerMemory(const void* addr, size_t bytes, Status* error) override;
+  Registration registerMemory(const void* addr, size_t bytes) override;
   RegistrationStats registrationStats() const override { return cache_ ? cache_->stats() : RegistrationStats{}; }
 
  private:

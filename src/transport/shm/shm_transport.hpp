@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "core/progress_engine.hpp"
-#include "transport/shm/arena.hpp"
+#include "transport/arena.hpp"
 #include "transport/shm/node_file.hpp"
 #include "transport/shm/segment.hpp"
 #include "transport/transport.hpp"
@@ -48,7 +48,7 @@
 namespace loom {
 namespace shm {
 
-class ShmTransport : public Transport, public ArenaProvider {
+class ShmTransport : public Transport {
  public:
   ShmTransport();
   ~ShmTransport() override;
@@ -70,7 +70,9 @@ class ShmTransport : public Transport, public ArenaProvider {
   void stop() noexcept {
     if (engine_ != nullptr) engine_->stop();
   }
-  const LocalArena* arena() const override { return arena_.bytes > 0 ? &arena_ : nullptr; }
+  /// The node's shared arena (after connect), or nullptr when it has none.
+  const LocalArena* arena() const { return arena_.bytes > 0 ? &arena_ : nullptr; }
+  Services services() override { return Services{arena(), nullptr}; }
 
  private:
   class LinkRequests;

@@ -1,7 +1,8 @@
-// LocalArena: memory every rank of a node can load from in place, a service of the shared-memory
-// transport (and of CUDA IPC, which carries its host bytes over shared memory) to the algorithms
-// that read peers' data where it lies (collectives/direct.cc, the device IPC path). Transports
-// that offer one implement ArenaProvider; the communicator asks its transports for it.
+// LocalArena: memory every rank of a node can load from in place, a service a transport may offer
+// (the shared-memory transport, and CUDA IPC, which carries its host bytes over shared memory:
+// Transport::services) to the algorithms that read peers' data where it lies
+// (collectives/direct.cc, the device IPC path). Neutral here, so that the algorithms depend on no
+// transport's internals.
 #pragma once
 
 #include <atomic>
@@ -13,7 +14,6 @@
 #include <vector>
 
 namespace loom {
-namespace shm {
 
 /// Memory every rank of this node can load from in place (the shared-memory transport's direct
 /// areas): one buffer per local rank, with that rank's step counter and the description of the
@@ -67,15 +67,4 @@ inline bool readCall(const std::atomic<uint64_t>* slot, uint64_t* seq, uint64_t*
   return slot[0].load(std::memory_order_seq_cst) == v;
 }
 
-/// A transport that shares a LocalArena among the node's ranks.
-class ArenaProvider {
- public:
-  /// The node's shared arena (after connect), or nullptr when it has none.
-  virtual const LocalArena* arena() const = 0;
-
- protected:
-  ~ArenaProvider() = default;
-};
-
-}  // namespace shm
 }  // namespace loom
