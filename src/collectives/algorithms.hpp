@@ -84,6 +84,16 @@ struct Call {
   const CommView* comm = nullptr;
   const Args* args = nullptr;
   Algo defaultAlgo = Algo::Ring;
+
+  /// A call with no node shape (a step within or across nodes, a model's estimate).
+  static Call flat(Coll c, size_t bytes, int ranks, const CostModel& m) {
+    Call call;
+    call.coll = c;
+    call.bytes = bytes;
+    call.ranks = ranks;
+    call.model = &m;
+    return call;
+  }
 };
 
 struct AlgoRow {

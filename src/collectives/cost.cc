@@ -39,11 +39,7 @@ Terms termsOf(const Call& c) {
 
 // The lowest modelled cost among the flat rows (no node shape) of `k` for `bytes` on `n` ranks.
 double flatBestUs(Coll k, size_t bytes, int n, const CostModel& m) {
-  Call call;
-  call.coll = k;
-  call.bytes = bytes;
-  call.ranks = n;
-  call.model = &m;
+  const Call call = Call::flat(k, bytes, n, m);
   return chooseRow(call, Mode::Default).cost(call);
 }
 

@@ -41,12 +41,7 @@ const AlgoRow& flatRow(const Context& c, Coll k, size_t bytes, int n, bool withi
   if (const Selector* sel = c.comm().selector())
     return withinNode ? sel->pickIntra(k, bytes, n) : sel->pickInter(k, bytes, n);
   const CostModel m = costModelFor(withinNode ? c.comm().nodeLink() : c.comm().slowestLink());
-  Call call;
-  call.coll = k;
-  call.bytes = bytes;
-  call.ranks = n;
-  call.model = &m;
-  return chooseRow(call, Mode::Default);
+  return chooseRow(Call::flat(k, bytes, n, m), Mode::Default);
 }
 
 // Runs the step `k` on group `g` with its flat row (a copy where the group is one rank).

@@ -55,15 +55,6 @@ void warnUnknownItems(const std::string& text) {
   });
 }
 
-Call flatCall(Coll c, size_t bytes, int ranks, const CostModel& m) {
-  Call call;
-  call.coll = c;
-  call.bytes = bytes;
-  call.ranks = ranks;
-  call.model = &m;
-  return call;
-}
-
 }  // namespace
 
 const AlgoRow* forcedRow(Coll c, const std::string& override) {
@@ -76,12 +67,12 @@ const AlgoRow* forcedRow(Coll c, const std::string& override) {
 
 double modelUs(Coll c, Algo a, size_t bytes, int ranks, const CostModel& m) {
   const AlgoRow* row = rowOf(c, a);
-  const Call call = flatCall(c, bytes, ranks, m);
+  const Call call = Call::flat(c, bytes, ranks, m);
   return row != nullptr && canRun(*row, call) ? row->cost(call) : kNever;
 }
 
 Algo selectAlgo(Coll c, size_t bytes, int ranks, const CostModel& m, const std::string& override) {
-  return chooseRow(flatCall(c, bytes, ranks, m), Mode::Default, forcedRow(c, override)).algo;
+  return chooseRow(Call::flat(c, bytes, ranks, m), Mode::Default, forcedRow(c, override)).algo;
 }
 
 const char* algoName(Algo a) {
@@ -98,7 +89,7 @@ Selector::Selector(const CostModel& m, const std::string& override, const NodeSh
 }
 
 double Selector::hierarchicalUs(Coll c, size_t bytes) const {
-  Call call = flatCall(c, bytes, shape_.nodes * shape_.maxLocal, m_);
+  Call call = Call::flat(c, bytes, shape_.nodes * shape_.maxLocal, m_);
   call.shape = &shape_;
   return coll::hierarchicalUs(call);
 }
@@ -110,7 +101,7 @@ const AlgoRow& Selector::pick(Coll c, size_t bytes, int ranks) const {
   const uint64_t seen = memo.load(std::memory_order_relaxed);
   const auto& table = algorithmTable();
   if (seen != 0 && (seen >> 8) == bytes) return table[(seen & 0xff) - 1];
-  Call call = flatCall(c, bytes, ranks, m_);
+  Call call = Call::flat(c, bytes, ranks, m_);
   call.shape = &shape_;
   const AlgoRow& row = chooseRow(call, Mode::Default, forced_[k]);
   if (bytes < (uint64_t{1} << 56))
@@ -120,11 +111,11 @@ const AlgoRow& Selector::pick(Coll c, size_t bytes, int ranks) const {
 }
 
 const AlgoRow& Selector::pickIntra(Coll c, size_t bytes, int ranks) const {
-  return chooseRow(flatCall(c, bytes, ranks, shape_.intra), Mode::Default);
+  return chooseRow(Call::flat(c, bytes, ranks, shape_.intra), Mode::Default);
 }
 
 const AlgoRow& Selector::pickInter(Coll c, size_t bytes, int ranks) const {
-  return chooseRow(flatCall(c, bytes, ranks, m_), Mode::Default);
+  return chooseRow(Call::flat(c, bytes, ranks, m_), Mode::Default);
 }
 
 }  // namespace coll

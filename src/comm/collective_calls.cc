@@ -76,7 +76,7 @@ const coll::AlgoRow& chooseRow(const detail::CommImpl& c, Coll kind, size_t byte
   const bool canonical = canonicalCall(c, kind, a);
   if (sel != nullptr && !canonical) return sel->pick(kind, bytes, c.size());
   const coll::CostModel model = sel != nullptr ? sel->model() : coll::costModelFor(c.slowestLink());
-  coll::Call call{kind, bytes, c.size(), &model};
+  coll::Call call = coll::Call::flat(kind, bytes, c.size(), model);
   const coll::AlgoRow& picked =
       sel != nullptr ? sel->pick(kind, bytes, c.size())
                      : coll::chooseRow(call, coll::Mode::Default, coll::forcedRow(kind, coll::algoOverrideFromEnv()));

@@ -269,7 +269,7 @@ TEST(AlgorithmTable, NamesParseBackEveryCollectiveAlwaysHasOneAndChoicesAreRows)
         for (int n : {1, 2, 3, 4, 8, 64}) {
           const auto c = static_cast<Coll>(i);
           const AlgoRow& row = sel.pick(c, bytes, n);
-          Call call{c, bytes, n, &m};
+          Call call = Call::flat(c, bytes, n, m);
           call.shape = shape;
           EXPECT_EQ(row.coll, c);
           EXPECT_EQ(row.mode, Mode::Default);
