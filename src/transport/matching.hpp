@@ -132,37 +132,6 @@ class TagMatcher {
   Adopt adopt_;
 };
 
-// A link's part in receives from any source (Connection::attachAnySource, firstKept, irecvKept),
-// the same for every transport whose receive side `mu` guards `matcher`.
-
-/// Joins `hub`; `make(req, spec)` makes the link's own receive of one that a message here takes.
-template <typename Matcher, typename Make>
-void attachAnySourceUnder(std::mutex& mu, Matcher& matcher, AnySource* hub, int peer, Make make) {
-  std::lock_guard<std::mutex> lock(mu);
-  matcher.attach(hub, [peer, make](AnyRecv&& a) {
-    a.req->setSource(peer);
-    return make(a.req, a.spec);
-  });
-}
-
-template <typename Matcher>
-uint64_t firstKeptUnder(std::mutex& mu, const Matcher& matcher, uint32_t tag) {
-  std::lock_guard<std::mutex> lock(mu);
-  return matcher.firstKept(tag);
-}
-
-/// Runs `irecvLocked(lock)` (the link's irecv, under `mu`) if the earliest message kept on the tag
-/// is still the one kept at `stamp`.
-template <typename Matcher, typename IrecvLocked>
-bool irecvKeptUnder(std::mutex& mu, const Matcher& matcher, const RequestPtr& req, const RecvSpec& spec, uint64_t stamp,
-                    int peer, IrecvLocked irecvLocked) {
-  std::unique_lock<std::mutex> lock(mu);
-  if (stamp == AnySource::kNone || matcher.firstKept(spec.tag) != stamp) return false;
-  req->setSource(peer);
-  irecvLocked(lock);
-  return true;
-}
-
 /// The error every transport gives a message larger than the receive it matched: the receive
 /// fails (and the message is dropped), the link goes on.
 Status truncationError(int peer, uint32_t tag, size_t message, size_t capacity);

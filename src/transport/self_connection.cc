@@ -8,7 +8,7 @@ namespace loom {
 
 void SelfConnection::match(const Op& send, const Op& recv, uint32_t tag) const {
   if (send.bytes > recv.bytes) {
-    Status s = truncationError(rank_, tag, send.bytes, recv.bytes);
+    Status s = truncationError(peer_, tag, send.bytes, recv.bytes);
     send.req->fail(s);
     recv.req->fail(s);
     return;
@@ -30,30 +30,15 @@ void SelfConnection::isend(const RequestPtr& req, const SendSpec& spec) noexcept
   }
 }
 
-void SelfConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
+void SelfConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>&) {
   const uint32_t tag = spec.tag;
-  std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return req->fail(closedStatus_);
-  Op op{req, spec.buf, spec.capacity};
+  Op op = makeRecv(req, spec);
   if (auto s = matcher_.takeMessage(tag)) {
     match(*s, op, tag);
   } else {
     matcher_.post(tag, op, spec.posted);
   }
-}
-
-void SelfConnection::attachAnySource(AnySource* hub) {
-  attachAnySourceUnder(mu_, matcher_, hub, rank_, [](const RequestPtr& req, const RecvSpec& spec) {
-    return Op{req, spec.buf, spec.capacity};
-  });
-}
-
-uint64_t SelfConnection::firstKept(uint32_t tag) { return firstKeptUnder(mu_, matcher_, tag); }
-
-bool SelfConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept {
-  return irecvKeptUnder(mu_, matcher_, req, spec, stamp, rank_, [&](std::unique_lock<std::mutex>&) {
-    match(*matcher_.takeMessage(spec.tag), Op{req, spec.buf, spec.capacity}, spec.tag);
-  });
 }
 
 void SelfConnection::failAll(const Status& status) noexcept {
@@ -66,6 +51,6 @@ void SelfConnection::failAll(const Status& status) noexcept {
   matcher_.dropKeptIf([](const Op&) { return true; });
 }
 
-std::string SelfConnection::describe() const { return strFormat("rank %d <-> itself: in-process copy", rank_); }
+std::string SelfConnection::describe() const { return strFormat("rank %d <-> itself: in-process copy", peer_); }
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 
 #include <mutex>
 
+#include "transport/matched_connection.hpp"
 #include "transport/matching.hpp"
 #include "transport/transport.hpp"
 
@@ -21,16 +22,12 @@ inline LinkProperties selfLinkProperties() {
   return p;
 }
 
-class SelfConnection : public Connection {
+class SelfConnection : public MatchedConnection<SelfConnection> {
  public:
-  explicit SelfConnection(int rank) : rank_(rank) {}
-  int peer() const override { return rank_; }
+  explicit SelfConnection(int rank) : peer_(rank) {}
+  int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
-  void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
   void failAll(const Status& status) noexcept override;
-  void attachAnySource(AnySource* hub) override;
-  uint64_t firstKept(uint32_t tag) override;
-  bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept override;
   std::string describe() const override;
   /// Nothing to drive: a send to itself completes as it matches.
   bool progress() noexcept override { return false; }
@@ -42,8 +39,13 @@ class SelfConnection : public Connection {
     size_t bytes;
   };
   void match(const Op& send, const Op& recv, uint32_t tag) const;
+  // The receive side every matched link shares (matched_connection.hpp).
+  friend class MatchedConnection<SelfConnection>;
+  std::mutex& receiveMutex() { return mu_; }
+  static Op makeRecv(const RequestPtr& req, const RecvSpec& spec) { return Op{req, spec.buf, spec.capacity}; }
+  void irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock);
 
-  const int rank_;
+  const int peer_;  // this rank
   std::mutex mu_;
   TagMatcher<Op, Op> matcher_;  // receives, and sends waiting for one
   bool closed_ = false;

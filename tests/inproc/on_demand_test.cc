@@ -1,5 +1,5 @@
 // Links made on first use (LOOM_CONNECT=lazy, the default above 8 ranks; transport/on_demand_connection.hpp,
-// transport/tcp/on_demand_links.hpp): a rank links only the peers its operations touch, either
+// transport/sockets/on_demand_links.hpp): a rank links only the peers its operations touch, either
 // rank of a pair may need the link first (or both at once), operations posted before the link is
 // up keep their order and their place against receives from any source, and a peer that is gone
 // is named at once. LOOM_CONNECT=eager keeps the full mesh made at init.
@@ -20,7 +20,7 @@
 #include "loom_config.h"
 #include "net/interfaces.hpp"
 #include "net/socket.hpp"
-#include "transport/tcp/handshake.hpp"
+#include "transport/sockets/handshake.hpp"
 
 namespace {
 
@@ -331,7 +331,7 @@ TEST(OnDemand, DialsLeaveThePortToConnect) {
   const loom::Interface lo{"lo", any};
   std::string why;
   for (const loom::Socket* to : {&a, &b}) {
-    loom::Socket s = loom::tcp::dialFrom(lo, loom::localAddress(to->fd()), &why);
+    loom::Socket s = loom::sockets::dialFrom(lo, loom::localAddress(to->fd()), &why);
     ASSERT_TRUE(s.valid()) << why;
     int noPort = 0;
     socklen_t len = sizeof(noPort);

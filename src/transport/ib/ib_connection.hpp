@@ -58,6 +58,7 @@
 #include "net/socket.hpp"
 #include "transport/ib/gpu_direct.hpp"
 #include "transport/ib/queue_pair.hpp"
+#include "transport/matched_connection.hpp"
 #include "transport/matching.hpp"
 #include "transport/registration_cache.hpp"
 #include "transport/transport.hpp"
@@ -78,7 +79,7 @@ struct IbOptions {
   int qps = 1;                  ///< queue pairs (LOOM_IB_QPS_PER_CONNECTION)
 };
 
-class IbConnection : public Connection {
+class IbConnection : public MatchedConnection<IbConnection> {
  public:
   /// Creates the queue pairs (in INIT, receives posted) and their completion queue, whose events
   /// go to `channel` (the transport's; cq_context is this connection). `cache` registers large
@@ -115,10 +116,6 @@ class IbConnection : public Connection {
 
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
-  void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
-  void attachAnySource(AnySource* hub) override;
-  uint64_t firstKept(uint32_t tag) override;
-  bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept override;
   void quiesce(const Status& why) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
@@ -146,6 +143,9 @@ class IbConnection : public Connection {
     IbConnection& c_;
   };
 
+  // The receive side every matched link shares (matched_connection.hpp).
+  friend class MatchedConnection<IbConnection>;
+  std::mutex& receiveMutex() { return mu_; }
   std::shared_ptr<RecvOp> makeRecv(const RequestPtr& req, const RecvSpec& spec) const;
   void irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock);
   /// Whether `p` is device memory this link moves in place.

@@ -87,7 +87,8 @@ void IbConnection::messageLocked(const Header& h, const uint8_t* payload) noexce
 
 void IbConnection::deliverEagerLocked(const std::shared_ptr<RecvOp>& op, const Header& h,
                                       const uint8_t* payload) noexcept {
-  if (!signaturesAgree(op->sig, h.sig)) return op->req->fail(signatureMismatch(peer_, h.sig, rank_, op->sig));
+  if (!signaturesAgree(op->signature, h.sig))
+    return op->req->fail(signatureMismatch(peer_, h.sig, rank_, op->signature));
   if (h.bytes > op->capacity) return op->req->fail(truncationError(peer_, h.tag, h.bytes, op->capacity));
   if (h.bytes > 0 && onDevice(op->buf)) {
     const Status copied = copyToDevice(op->buf, payload, h.bytes);
@@ -107,7 +108,8 @@ void IbConnection::startLargeLocked(const std::shared_ptr<RecvOp>& op, const Hea
     o.h.sig = sig;
     queueLocked(std::move(o));
   };
-  if (!signaturesAgree(op->sig, h.sig)) return refuse(signatureMismatch(peer_, h.sig, rank_, op->sig), op->sig);
+  if (!signaturesAgree(op->signature, h.sig))
+    return refuse(signatureMismatch(peer_, h.sig, rank_, op->signature), op->signature);
   if (h.bytes > op->capacity) return refuse(truncationError(peer_, h.tag, h.bytes, op->capacity), 0);
   Status err;
   op->reg = acquire(op->buf, h.bytes, onDevice(op->buf), &err);
@@ -327,30 +329,7 @@ void IbConnection::isend(const RequestPtr& req, const SendSpec& spec) noexcept {
 }
 
 std::shared_ptr<IbConnection::RecvOp> IbConnection::makeRecv(const RequestPtr& req, const RecvSpec& spec) const {
-  auto op = std::make_shared<RecvOp>();
-  op->req = req;
-  op->buf = static_cast<uint8_t*>(spec.buf);
-  op->capacity = spec.capacity;
-  op->tag = spec.tag;
-  op->sig = spec.signature;
-  return op;
-}
-
-void IbConnection::attachAnySource(AnySource* hub) {
-  attachAnySourceUnder(mu_, matcher_, hub, peer_,
-                       [this](const RequestPtr& req, const RecvSpec& spec) { return makeRecv(req, spec); });
-}
-
-uint64_t IbConnection::firstKept(uint32_t tag) { return firstKeptUnder(mu_, matcher_, tag); }
-
-bool IbConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept {
-  return irecvKeptUnder(mu_, matcher_, req, spec, stamp, peer_,
-                        [&](std::unique_lock<std::mutex>& lock) { irecvLocked(req, spec, lock); });
-}
-
-void IbConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
-  std::unique_lock<std::mutex> lock(mu_);
-  irecvLocked(req, spec, lock);
+  return postedRecv<RecvOp>(req, spec);
 }
 
 void IbConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock) {

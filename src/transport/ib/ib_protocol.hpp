@@ -51,13 +51,7 @@ struct IbConnection::SendOp {
   size_t chunksLeft = 0;
 };
 
-struct IbConnection::RecvOp {
-  RequestPtr req;
-  uint8_t* buf = nullptr;
-  size_t capacity = 0;
-  uint32_t tag = 0;
-  uint64_t sig = 0;
-  size_t bytes = 0;
+struct IbConnection::RecvOp : PostedRecv {
   size_t received = 0;
   Registration reg;
 };

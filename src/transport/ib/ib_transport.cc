@@ -336,9 +336,9 @@ void IbTransport::linkOnDemand(TransportContext& ctx, const std::vector<int>& pe
   lazy_.sink = sink;
   TransportContext one = ctx;
   one.socketsPerPeer = 1;  // the side channel; the queue pairs carry the data
-  onDemand_ = std::make_unique<tcp::OnDemandLinks>(
+  onDemand_ = std::make_unique<sockets::OnDemandLinks>(
       one, side_.interfaces(), side_.listeners(),
-      std::make_shared<const std::map<int, tcp::Endpoints>>(SideChannels::endpoints(ctx.rank, records)), sink,
+      std::make_shared<const std::map<int, sockets::Endpoints>>(SideChannels::endpoints(ctx.rank, records)), sink,
       [this](int peer, std::vector<Socket> sockets, double tookMs) { formOnDemand(peer, std::move(sockets), tookMs); },
       "ib side-channel port");
 }

@@ -8,7 +8,7 @@
 // link, the port going down or the device failing every link).
 //
 // Links on first use (LOOM_CONNECT lazy, or auto above 8 ranks): linkOnDemand() hands the side
-// channels' listener to tcp::OnDemandLinks; a link's socket, once dialled and proved, carries the
+// channels' listener to sockets::OnDemandLinks; a link's socket, once dialled and proved, carries the
 // swap of its queue pairs' addresses (link_exchange.hpp) and stays its side channel.
 //
 // A full mesh at init (eager): connect() makes each peer's connection (its queue pairs in INIT,
@@ -40,7 +40,7 @@
 #include "transport/ib/open_port.hpp"
 #include "transport/ib/side_channel.hpp"
 #include "transport/registration_cache.hpp"
-#include "transport/tcp/on_demand_links.hpp"
+#include "transport/sockets/on_demand_links.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -63,7 +63,7 @@ class IbTransport : public Transport, private Registrar {
   }
   std::vector<std::unique_ptr<Connection>> connect(TransportContext& ctx, const std::vector<int>& peers) override;
   /// Links on first use (LOOM_CONNECT): the side channel's socket is dialled and proved as TCP's
-  /// links are (tcp/on_demand_links.hpp), then the two ranks swap their queue pairs' addresses
+  /// links are (sockets/on_demand_links.hpp), then the two ranks swap their queue pairs' addresses
   /// over it (link_exchange.hpp); nothing goes through the store.
   bool linksOnDemand() const override { return port_ != nullptr; }
   void linkOnDemand(TransportContext& ctx, const std::vector<int>& peers, LinkSink* sink) override;
@@ -86,7 +86,7 @@ class IbTransport : public Transport, private Registrar {
   std::string addressesOf(const IbConnection& c) const;
   /// Brings `c`'s queue pairs up to the peer's `theirs` (addressesOf on its side).
   void connectTo(IbConnection& c, std::string theirs);
-  /// The link's side channel to `peer` is proved (tcp::OnDemandLinks): swap the queue pairs'
+  /// The link's side channel to `peer` is proved (sockets::OnDemandLinks): swap the queue pairs'
   /// addresses over it. Engine thread.
   void formOnDemand(int peer, std::vector<Socket> sockets, double tookMs);
   /// What peers[i] set under keys[i], for every i, by the init deadline; throws naming a peer that
@@ -133,7 +133,7 @@ class IbTransport : public Transport, private Registrar {
     std::chrono::milliseconds timeout{0};
     LinkSink* sink = nullptr;
   } lazy_;
-  std::unique_ptr<tcp::OnDemandLinks> onDemand_;
+  std::unique_ptr<sockets::OnDemandLinks> onDemand_;
   std::vector<std::unique_ptr<LinkExchange>> exchanges_;
   std::set<int> gpuPeers_;  // peers with GPUDirect RDMA, by their records (set in linkOnDemand)
 };

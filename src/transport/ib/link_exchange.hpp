@@ -1,5 +1,5 @@
 // LinkExchange: the last step of an ib link made on first use (LOOM_CONNECT=lazy). Once the link's
-// side-channel socket is proved (tcp::OnDemandLinks: either rank may ask first, the job key on both
+// side-channel socket is proved (sockets::OnDemandLinks: either rank may ask first, the job key on both
 // sides), each rank has made its end of the link (queue pairs in INIT, receives posted), and the two
 // swap the queue pairs' addresses over the socket, bring their queue pairs up (RTR, RTS) and say so.
 // A rank hands the link on only once the peer has said so, so that no first message meets a queue

@@ -7,7 +7,7 @@
 #include "bootstrap/store_protocol.hpp"
 #include "core/format.hpp"
 #include "core/logging.hpp"
-#include "transport/tcp/handshake.hpp"
+#include "transport/sockets/handshake.hpp"
 
 namespace loom {
 namespace ib {
@@ -46,8 +46,8 @@ bool SideChannels::publish(TransportContext& ctx, std::string* why) {
   return true;
 }
 
-std::map<int, tcp::Endpoints> SideChannels::endpoints(int rank, const std::map<int, Bytes>& records) {
-  std::map<int, tcp::Endpoints> remote;
+std::map<int, sockets::Endpoints> SideChannels::endpoints(int rank, const std::map<int, Bytes>& records) {
+  std::map<int, sockets::Endpoints> remote;
   for (const auto& [peer, record] : records) {
     SockAddr addr;
     if (record.size() < SockAddr::kWireBytes || !SockAddr::fromWire(record.data(), &addr)) {
@@ -60,16 +60,16 @@ std::map<int, tcp::Endpoints> SideChannels::endpoints(int rank, const std::map<i
 }
 
 std::map<int, Socket> SideChannels::connect(TransportContext& ctx, const std::map<int, Bytes>& records) {
-  const std::map<int, tcp::Endpoints> remote = endpoints(ctx.rank, records);
+  const std::map<int, sockets::Endpoints> remote = endpoints(ctx.rank, records);
   TransportContext one = ctx;
   one.socketsPerPeer = 1;
-  tcp::Handshakes handshakes(one, ifaces_, listeners_);
+  sockets::Handshakes handshakes(one, ifaces_, listeners_);
   std::map<int, std::vector<Socket>> formed = handshakes.run(remote);
   std::map<int, Socket> out;
   for (auto& [peer, sockets] : formed) out[peer] = std::move(sockets.at(0));
   if (!rejector_ && ctx.engine != nullptr) {
     engine_ = ctx.engine;
-    rejector_ = std::make_unique<tcp::StrayRejector>(listeners_[0].fd(), ctx.rank, "ib side-channel port");
+    rejector_ = std::make_unique<sockets::StrayRejector>(listeners_[0].fd(), ctx.rank, "ib side-channel port");
     engine_->add(listeners_[0].fd(), rejector_.get(), EPOLLIN);
   }
   return out;

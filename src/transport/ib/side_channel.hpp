@@ -4,7 +4,7 @@
 // LOOM_IB_RETRY_CNT: about half a minute by default); and a rank whose queue pairs broke cannot
 // send its BYE over them. Each IbConnection watches its socket (ib_connection.hpp, Closing).
 //
-// The sockets are made as TCP's are (tcp/handshake.hpp: the lower rank connects, both prove the
+// The sockets are made as TCP's are (sockets/handshake.hpp: the lower rank connects, both prove the
 // job key and the communicator), from one listener on the first interface LOOM_SOCKET_IFNAME
 // selects; its address is published under ibside/<rank>.
 #pragma once
@@ -18,7 +18,7 @@
 #include "core/progress_engine.hpp"
 #include "net/interfaces.hpp"
 #include "net/socket.hpp"
-#include "transport/tcp/handshake.hpp"
+#include "transport/sockets/handshake.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
@@ -40,9 +40,9 @@ class SideChannels {
   /// Afterwards the listener turns strangers away.
   std::map<int, Socket> connect(TransportContext& ctx, const std::map<int, Bytes>& records);
   /// The peers' side-channel addresses of `records` (as connect() reads them), for links made on
-  /// first use (tcp::OnDemandLinks, on interfaces() and listeners()). Throws naming a peer whose
+  /// first use (sockets::OnDemandLinks, on interfaces() and listeners()). Throws naming a peer whose
   /// record does not read.
-  static std::map<int, tcp::Endpoints> endpoints(int rank, const std::map<int, Bytes>& records);
+  static std::map<int, sockets::Endpoints> endpoints(int rank, const std::map<int, Bytes>& records);
   const std::vector<Interface>& interfaces() const { return ifaces_; }
   const std::vector<Socket>& listeners() const { return listeners_; }
 

@@ -143,33 +143,6 @@ void ShmConnection::sendControl(FrameType type, uint64_t seq, uint64_t sig) {
 // ---------------------------------------------------------------------------------------------
 // Receive side.
 
-std::shared_ptr<ShmConnection::RecvOp> ShmConnection::makeRecv(const RequestPtr& req, const RecvSpec& spec) const {
-  auto op = std::make_shared<RecvOp>();
-  op->req = req;
-  op->buf = static_cast<uint8_t*>(spec.buf);
-  op->capacity = spec.capacity;
-  op->tag = spec.tag;
-  op->signature = spec.signature;
-  return op;
-}
-
-void ShmConnection::attachAnySource(AnySource* hub) {
-  attachAnySourceUnder(inMu_, matcher_, hub, peer_,
-                       [this](const RequestPtr& req, const RecvSpec& spec) { return makeRecv(req, spec); });
-}
-
-uint64_t ShmConnection::firstKept(uint32_t tag) { return firstKeptUnder(inMu_, matcher_, tag); }
-
-bool ShmConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept {
-  return irecvKeptUnder(inMu_, matcher_, req, spec, stamp, peer_,
-                        [&](std::unique_lock<std::mutex>& lock) { irecvLocked(req, spec, lock); });
-}
-
-void ShmConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
-  std::unique_lock<std::mutex> in(inMu_);
-  irecvLocked(req, spec, in);
-}
-
 void ShmConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& in) {
   const size_t bytes = spec.capacity;
   const uint32_t tag = spec.tag;
@@ -370,112 +343,116 @@ Status ShmConnection::onFrameLocked(const Frame& f) {
   const auto type = static_cast<FrameType>(f.type);
   switch (type) {
     case FrameType::Eager:
-    case FrameType::Rts: {
-      const bool eager = type == FrameType::Eager;
-      if (eager && f.bytes > kMaxEagerBytes) return malformed("eager message larger than the protocol allows");
-      if (!eager && f.addr == 0) return malformed("large message without an address");
-      std::optional<std::shared_ptr<RecvOp>> posted = matcher_.takeRecv(f.tag);
-      if (!posted) {
-        auto u = std::make_shared<Unexpected>();
-        u->frame = f;
-        if (eager) {
-          u->data = bufferLocked(static_cast<size_t>(f.bytes));
-          u->complete = f.bytes == 0;
-          if (!u->complete) {
-            cur_ = f;
-            payloadDone_ = 0;
-            sink_ = Sink::Unexpected;
-            sinkUnexpected_ = u;
-          }
-        } else {
-          u->complete = true;
-        }
-        matcher_.keep(f.tag, std::move(u));
-        return Status::success();
-      }
-      std::shared_ptr<RecvOp> op = std::move(*posted);
-      const size_t message = static_cast<size_t>(f.bytes);
-      const bool agree = signaturesAgree(op->signature, f.sig);
-      if (agree && op->signature == kDeviceAnySourceRecv) op->req->setMatchedSignature(f.sig);
-      if (!agree || message > op->capacity) {
-        op->req->fail(agree ? truncationError(peer_, f.tag, message, op->capacity)
-                            : signatureMismatch(peer_, f.sig, rank_, op->signature));
-        if (eager) {
-          if (message > 0) {
-            cur_ = f;
-            payloadDone_ = 0;
-            sink_ = Sink::Discard;
-          }
-        } else {
-          sendControl(FrameType::Nack, f.seq, agree ? 0 : op->signature);
-        }
-        return Status::success();
-      }
-      op->bytes = message;
-      if (!eager) {
-        op->seq = f.seq;
-        op->remote = f.addr;
-        startLargeLocked(op);
-        return Status::success();
-      }
-      if (message == 0) {
-        op->req->complete(0);
-        return Status::success();
-      }
-      cur_ = f;
-      payloadDone_ = 0;
-      sink_ = Sink::Direct;
-      sinkOp_ = op;
-      return Status::success();
-    }
-    case FrameType::Data: {
-      auto it = incoming_.find(f.seq);
-      if (it == incoming_.end()) return malformed("data for a message that was not accepted");
-      if (f.bytes != it->second->bytes) return malformed("data of the wrong size");
-      cur_ = f;
-      payloadDone_ = 0;
-      sinkOp_ = it->second;
-      incoming_.erase(it);
-      if (f.bytes == 0) {
-        sink_ = Sink::Direct;
-        finishPayloadLocked();
-      } else {
-        sink_ = Sink::Direct;
-      }
-      return Status::success();
-    }
+    case FrameType::Rts:
+      return onMessageLocked(f);
+    case FrameType::Data:
+      return onDataLocked(f);
     case FrameType::Done:
     case FrameType::Cts:
-    case FrameType::Nack: {
-      std::lock_guard<std::mutex> out(outMu_);
-      auto it = awaiting_.find(f.seq);
-      if (it == awaiting_.end()) return malformed("answer for a message that was not announced");
-      std::shared_ptr<SendOp> op = it->second;
-      awaiting_.erase(it);
-      if (type == FrameType::Done) {
-        op->req->complete(op->bytes);
-      } else if (type == FrameType::Nack) {
-        op->req->fail(f.sig != 0 ? signatureMismatch(peer_, f.sig, rank_, op->signature)
-                                 : Status::error(ErrorCode::InvalidUsage,
-                                                 strFormat("message of %zu bytes to rank %d (tag %u) is larger than "
-                                                           "the receive buffer rank %d posted",
-                                                           op->bytes, peer_, op->tag, peer_),
-                                                 peer_));
-      } else {
-        Out o;
-        o.frame.type = static_cast<uint8_t>(FrameType::Data);
-        o.frame.seq = f.seq;
-        o.frame.bytes = op->bytes;
-        o.payload = op->buf;
-        o.len = op->bytes;
-        o.op = op;
-        outq_.push_back(std::move(o));
-        flushLocked();
-      }
-      return Status::success();
-    }
+    case FrameType::Nack:
+      return onAnswerLocked(f);
   }
   return malformed(strFormat("unknown frame type %u", f.type));
+}
+
+void ShmConnection::readPayloadLocked(const Frame& f, Sink sink) {
+  cur_ = f;
+  payloadDone_ = 0;
+  sink_ = sink;
+}
+
+Status ShmConnection::onMessageLocked(const Frame& f) {
+  const bool eager = static_cast<FrameType>(f.type) == FrameType::Eager;
+  if (eager && f.bytes > kMaxEagerBytes) return malformed("eager message larger than the protocol allows");
+  if (!eager && f.addr == 0) return malformed("large message without an address");
+  std::optional<std::shared_ptr<RecvOp>> posted = matcher_.takeRecv(f.tag);
+  if (!posted) {
+    keepLocked(f);
+    return Status::success();
+  }
+  std::shared_ptr<RecvOp> op = std::move(*posted);
+  const size_t message = static_cast<size_t>(f.bytes);
+  const bool agree = signaturesAgree(op->signature, f.sig);
+  if (agree && op->signature == kDeviceAnySourceRecv) op->req->setMatchedSignature(f.sig);
+  if (!agree || message > op->capacity) {
+    op->req->fail(agree ? truncationError(peer_, f.tag, message, op->capacity)
+                        : signatureMismatch(peer_, f.sig, rank_, op->signature));
+    if (!eager) {
+      sendControl(FrameType::Nack, f.seq, agree ? 0 : op->signature);
+    } else if (message > 0) {
+      readPayloadLocked(f, Sink::Discard);
+    }
+    return Status::success();
+  }
+  op->bytes = message;
+  if (!eager) {
+    op->seq = f.seq;
+    op->remote = f.addr;
+    startLargeLocked(op);
+  } else if (message == 0) {
+    op->req->complete(0);
+  } else {
+    readPayloadLocked(f, Sink::Direct);
+    sinkOp_ = op;
+  }
+  return Status::success();
+}
+
+void ShmConnection::keepLocked(const Frame& f) {
+  auto u = std::make_shared<Unexpected>();
+  u->frame = f;
+  if (static_cast<FrameType>(f.type) == FrameType::Eager) {
+    u->data = bufferLocked(static_cast<size_t>(f.bytes));
+    u->complete = f.bytes == 0;
+    if (!u->complete) {
+      readPayloadLocked(f, Sink::Unexpected);
+      sinkUnexpected_ = u;
+    }
+  } else {
+    u->complete = true;
+  }
+  matcher_.keep(f.tag, std::move(u));
+}
+
+Status ShmConnection::onDataLocked(const Frame& f) {
+  auto it = incoming_.find(f.seq);
+  if (it == incoming_.end()) return malformed("data for a message that was not accepted");
+  if (f.bytes != it->second->bytes) return malformed("data of the wrong size");
+  readPayloadLocked(f, Sink::Direct);
+  sinkOp_ = it->second;
+  incoming_.erase(it);
+  if (f.bytes == 0) finishPayloadLocked();
+  return Status::success();
+}
+
+Status ShmConnection::onAnswerLocked(const Frame& f) {
+  const auto type = static_cast<FrameType>(f.type);
+  std::lock_guard<std::mutex> out(outMu_);
+  auto it = awaiting_.find(f.seq);
+  if (it == awaiting_.end()) return malformed("answer for a message that was not announced");
+  std::shared_ptr<SendOp> op = it->second;
+  awaiting_.erase(it);
+  if (type == FrameType::Done) {
+    op->req->complete(op->bytes);
+  } else if (type == FrameType::Nack) {
+    op->req->fail(f.sig != 0 ? signatureMismatch(peer_, f.sig, rank_, op->signature)
+                             : Status::error(ErrorCode::InvalidUsage,
+                                             strFormat("message of %zu bytes to rank %d (tag %u) is larger than "
+                                                       "the receive buffer rank %d posted",
+                                                       op->bytes, peer_, op->tag, peer_),
+                                             peer_));
+  } else {
+    Out o;
+    o.frame.type = static_cast<uint8_t>(FrameType::Data);
+    o.frame.seq = f.seq;
+    o.frame.bytes = op->bytes;
+    o.payload = op->buf;
+    o.len = op->bytes;
+    o.op = op;
+    outq_.push_back(std::move(o));
+    flushLocked();
+  }
+  return Status::success();
 }
 
 void ShmConnection::finishPayloadLocked() {

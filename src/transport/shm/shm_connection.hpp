@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/progress_engine.hpp"
+#include "transport/matched_connection.hpp"
 #include "transport/matching.hpp"
 #include "transport/shm/ring.hpp"
 #include "transport/transport.hpp"
@@ -39,7 +40,7 @@ struct ShmOptions {
   bool cma = true;                ///< cross-memory attach allowed (probed) for this pair
 };
 
-class ShmConnection : public Connection {
+class ShmConnection : public MatchedConnection<ShmConnection> {
  public:
   /// `mine` is this rank's segment header, `theirs` the peer's (both mapped by the transport,
   /// which outlives the connection). `peerPid` is the peer's pid as seen from this process.
@@ -48,10 +49,6 @@ class ShmConnection : public Connection {
 
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
-  void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
-  void attachAnySource(AnySource* hub) override;
-  uint64_t firstKept(uint32_t tag) override;
-  bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
   /// Moves whatever can move now from this thread (never blocks on another thread's copy);
@@ -75,15 +72,9 @@ class ShmConnection : public Connection {
     uint32_t tag = 0;
     uint64_t signature = 0;  // SendSpec::signature
   };
-  struct RecvOp {
-    RequestPtr req;
-    uint8_t* buf = nullptr;
-    size_t capacity = 0;
-    size_t bytes = 0;
-    uint32_t tag = 0;
-    uint64_t signature = 0;  // RecvSpec::signature
-    uint64_t seq = 0;        // the sender's sequence number (large messages)
-    uint64_t remote = 0;     // the sender's buffer (large messages)
+  struct RecvOp : PostedRecv {
+    uint64_t seq = 0;     // the sender's sequence number (large messages)
+    uint64_t remote = 0;  // the sender's buffer (large messages)
   };
   struct Unexpected {
     Frame frame;                // EAGER or RTS
@@ -101,11 +92,27 @@ class ShmConnection : public Connection {
   enum class Sink { None, Direct, Unexpected, Discard };
 
   bool readLocked(std::unique_lock<std::mutex>& in);
+  /// A frame came in: hands it to its kind's handler below.
   Status onFrameLocked(const Frame& f);
+  /// An EAGER (its payload follows in the ring) or an RTS (the sender's buffer, for a read).
+  Status onMessageLocked(const Frame& f);
+  /// Keeps a message no receive was posted for.
+  void keepLocked(const Frame& f);
+  /// An accepted message's payload follows in the ring.
+  Status onDataLocked(const Frame& f);
+  /// The receiver's answer to an RTS: DONE (it read the buffer), CTS (send it) or NACK.
+  Status onAnswerLocked(const Frame& f);
+  /// The payload of `f` that follows in the ring goes to `sink`.
+  void readPayloadLocked(const Frame& f, Sink sink);
   void finishPayloadLocked();
   /// Starts the transfer of a matched large message: a direct read, or CTS where that is refused.
   void startLargeLocked(const std::shared_ptr<RecvOp>& op);
-  std::shared_ptr<RecvOp> makeRecv(const RequestPtr& req, const RecvSpec& spec) const;
+  // The receive side every matched link shares (matched_connection.hpp).
+  friend class MatchedConnection<ShmConnection>;
+  std::mutex& receiveMutex() { return inMu_; }
+  std::shared_ptr<RecvOp> makeRecv(const RequestPtr& req, const RecvSpec& spec) const {
+    return postedRecv<RecvOp>(req, spec);
+  }
   void irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& in);
   /// Runs one queued direct read (unlocking `in` meanwhile); returns whether one ran.
   bool runCmaLocked(std::unique_lock<std::mutex>& in);

@@ -150,31 +150,9 @@ bool TcpConnection::takeReadyHintLocked(uint32_t tag, size_t bytes) {
 }
 
 std::shared_ptr<TcpConnection::RecvOp> TcpConnection::makeRecv(const RequestPtr& req, const RecvSpec& spec) const {
-  auto op = std::make_shared<RecvOp>();
-  op->req = req;
-  op->buf = static_cast<uint8_t*>(spec.buf);
-  op->capacity = spec.capacity;
-  op->tag = spec.tag;
-  op->signature = spec.signature;
+  auto op = postedRecv<RecvOp>(req, spec);
   op->consumer = spec.consumer;
   return op;
-}
-
-void TcpConnection::attachAnySource(AnySource* hub) {
-  attachAnySourceUnder(mu_, matcher_, hub, peer_,
-                       [this](const RequestPtr& req, const RecvSpec& spec) { return makeRecv(req, spec); });
-}
-
-uint64_t TcpConnection::firstKept(uint32_t tag) { return firstKeptUnder(mu_, matcher_, tag); }
-
-bool TcpConnection::irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept {
-  return irecvKeptUnder(mu_, matcher_, req, spec, stamp, peer_,
-                        [&](std::unique_lock<std::mutex>& lock) { irecvLocked(req, spec, lock); });
-}
-
-void TcpConnection::irecv(const RequestPtr& req, const RecvSpec& spec) noexcept {
-  std::unique_lock<std::mutex> lock(mu_);
-  irecvLocked(req, spec, lock);
 }
 
 void TcpConnection::irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock) {

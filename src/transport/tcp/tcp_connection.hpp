@@ -51,6 +51,7 @@
 
 #include "core/progress_engine.hpp"
 #include "net/socket.hpp"
+#include "transport/matched_connection.hpp"
 #include "transport/matching.hpp"
 #include "transport/tcp/buffer_pool.hpp"
 #include "transport/tcp/frame.hpp"
@@ -71,7 +72,7 @@ struct TcpOptions {
   bool consume = true;                      ///< hand receives' bytes to their consumers as they are read
 };
 
-class TcpConnection : public Connection {
+class TcpConnection : public MatchedConnection<TcpConnection> {
  public:
   /// Takes the connected, authenticated sockets (index = stream). The engines and `failure`
   /// outlive it: `recvEngine` reads, `sendEngine` finishes writes.
@@ -88,10 +89,6 @@ class TcpConnection : public Connection {
 
   int peer() const override { return peer_; }
   void isend(const RequestPtr& req, const SendSpec& spec) noexcept override;
-  void irecv(const RequestPtr& req, const RecvSpec& spec) noexcept override;
-  void attachAnySource(AnySource* hub) override;
-  uint64_t firstKept(uint32_t tag) override;
-  bool irecvKept(const RequestPtr& req, const RecvSpec& spec, uint64_t stamp) noexcept override;
   void failAll(const Status& status) noexcept override;
   std::string describe() const override { return description_; }
   bool progress() noexcept override;
@@ -112,14 +109,8 @@ class TcpConnection : public Connection {
     int framesLeft = 0;
   };
   struct Unexpected;
-  struct RecvOp {
-    RequestPtr req;
-    uint8_t* buf = nullptr;
-    size_t capacity = 0;
-    size_t bytes = 0;  // size of the matched message
+  struct RecvOp : PostedRecv {
     size_t received = 0;
-    uint32_t tag = 0;
-    uint64_t signature = 0;                     // RecvSpec::signature
     std::shared_ptr<ReceiveConsumer> consumer;  // RecvSpec::consumer
     uint64_t seq = 0;                           // the sender's sequence number, once an RTS or PUSH matched
     std::shared_ptr<Unexpected> ux;             // a PUSH nobody had posted for: fills ux->data
@@ -153,6 +144,16 @@ class TcpConnection : public Connection {
   void onWritable(int stream) noexcept;
   Status read(Stream& s, std::unique_lock<std::mutex>& lock);
   Status readSome(Stream& s, std::unique_lock<std::mutex>& lock);
+  /// What one step of readSome came to: go on, read from the socket (nothing usable is
+  /// buffered), or return its status.
+  enum class ReadStep { More, Empty, Stop };
+  /// Parses a header or hands on payload bytes already buffered on `s`.
+  ReadStep takeBufferedLocked(Stream& s, std::unique_lock<std::mutex>& lock, Status* st);
+  /// `n` bytes of the payload being read reached their place; finishes the payload at its end.
+  ReadStep payloadMovedLocked(Stream& s, size_t n, Status* st);
+  /// One recv from the socket, unlocked: into the destination itself or the staging buffer;
+  /// *drained when it came back short.
+  ReadStep readSocketLocked(Stream& s, std::unique_lock<std::mutex>& lock, bool* drained, Status* st);
   /// Sets the stream's SO_RCVLOWAT for what it reads next: options_.lowWater while a payload
   /// longer than that is being read into its destination, else 1 (never more than will come).
   void setLowWaterLocked(Stream& s);
@@ -170,7 +171,18 @@ class TcpConnection : public Connection {
   void rearmIfNeededLocked();
   /// Remembers `req` when it is posted outside an attended operation (and arms the engine).
   void noteUnattendedLocked(const RequestPtr& req);
+  /// A frame's header was read on `s`: checks it and hands it to its type's handler below.
   Status onHeaderLocked(Stream& s, const FrameHeader& h);
+  /// Checks a message's sequence number and counts it.
+  Status nextMessageLocked(const FrameHeader& h);
+  Status onPushLocked(const FrameHeader& h);
+  /// An EAGER (its payload follows) or an RTS.
+  Status onMessageLocked(Stream& s, const FrameHeader& h);
+  Status onCtsLocked(const FrameHeader& h);
+  Status onByeLocked(Stream& s, const FrameHeader& h);
+  Status onReadyLocked(const FrameHeader& h);
+  /// A slice of an accepted message; `control`: read on the control stream.
+  Status onDataLocked(Stream& s, const FrameHeader& h, bool control);
   Status finishPayloadLocked(Stream& s);
   /// The consumer `op`'s payload goes to, if the receive has one and took its message as it
   /// arrived; null when the bytes go to its buffer as usual.
@@ -190,6 +202,9 @@ class TcpConnection : public Connection {
   /// record of recent sends does not reach back that far.
   size_t sendsOnTagSinceLocked(uint32_t tag, uint64_t from) const;
   void deliverUnexpectedLocked(Unexpected& u, RecvOp& op);
+  // The receive side every matched link shares (matched_connection.hpp).
+  friend class MatchedConnection<TcpConnection>;
+  std::mutex& receiveMutex() { return mu_; }
   std::shared_ptr<RecvOp> makeRecv(const RequestPtr& req, const RecvSpec& spec) const;
   void irecvLocked(const RequestPtr& req, const RecvSpec& spec, std::unique_lock<std::mutex>& lock);
   /// Queues the DATA frames of `op` over its stripes (after a CTS, or right behind a PUSH).

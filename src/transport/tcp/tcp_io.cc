@@ -162,118 +162,134 @@ Status TcpConnection::readSome(Stream& s, std::unique_lock<std::mutex>& lock) {
   bool drained = false;
   s.blocked = false;  // a held-back header is parsed again below
   for (int reads = 0;;) {
-    if (!s.inPayload) {
-      if (s.wpos - s.rpos >= kHeaderBytes) {
-        FrameHeader h = decodeHeader(s.in.get() + s.rpos);
-        s.rpos += kHeaderBytes;
-        Status st = onHeaderLocked(s, h);
-        if (!st.ok) return st;
-        if (s.blocked) {
-          s.rpos -= kHeaderBytes;  // kept for when stream 0 has read the PUSH it belongs to
-          return Status::success();
-        }
+    Status st;
+    switch (takeBufferedLocked(s, lock, &st)) {
+      case ReadStep::More:
         continue;
-      }
-    } else if (s.wpos > s.rpos) {
-      size_t take = std::min(s.wpos - s.rpos, s.remaining);
-      // A consumer takes whole elements; the payload's end is whole (sliceWhole).
-      if (s.consumer != nullptr && take < s.remaining) take -= take % s.consumer->granule();
-      if (take > 0) {
-        if (s.consumer != nullptr) {
-          // Handed on unlocked, like a read: `reading` keeps failLocked off this stream's buffer and
-          // receive meanwhile, and other streams' slices of the message go on at once.
-          ReceiveConsumer* consumer = s.consumer;
-          const uint8_t* src = s.in.get() + s.rpos;
-          const size_t at = s.consumeAt;
-          s.reading = true;
-          lock.unlock();
-          consumer->consume(src, at, take);
-          lock.lock();
-          s.reading = false;
-          if (closed_) {
-            abandonReadLocked(s);
-            return Status::success();
-          }
-          s.consumeAt += take;
-          s.target += take;
-        } else if (s.target != nullptr) {
-          kernels::copy(s.target, s.in.get() + s.rpos, take);
-          s.target += take;
-        }
-        s.rpos += take;
-        s.remaining -= take;
-        if (s.remaining == 0) {
-          Status st = finishPayloadLocked(s);
-          if (!st.ok) return st;
-        }
-        continue;
-      }
-      // Part of an element: the rest is read below.
+      case ReadStep::Stop:
+        return st;
+      case ReadStep::Empty:
+        break;
     }
-    // Nothing usable is buffered: read from the socket, unlocked (if the budget allows; the
-    // level-triggered event brings us back for the rest).
+    // Nothing usable is buffered: read from the socket (if the budget allows; the level-triggered
+    // event brings us back for the rest).
     if (reads >= options_.readsPerEvent || drained) return Status::success();
-    if (s.rpos == s.wpos) {
-      s.rpos = s.wpos = 0;
-    } else if (s.rpos > 0) {
-      std::memmove(s.in.get(), s.in.get() + s.rpos, s.wpos - s.rpos);
-      s.wpos -= s.rpos;
-      s.rpos = 0;
+    ++reads;
+    if (readSocketLocked(s, lock, &drained, &st) == ReadStep::Stop) return st;
+  }
+}
+
+TcpConnection::ReadStep TcpConnection::takeBufferedLocked(Stream& s, std::unique_lock<std::mutex>& lock, Status* st) {
+  if (!s.inPayload) {
+    if (s.wpos - s.rpos < kHeaderBytes) return ReadStep::Empty;
+    FrameHeader h = decodeHeader(s.in.get() + s.rpos);
+    s.rpos += kHeaderBytes;
+    *st = onHeaderLocked(s, h);
+    if (!st->ok) return ReadStep::Stop;
+    if (s.blocked) {
+      s.rpos -= kHeaderBytes;  // kept for when stream 0 has read the PUSH it belongs to
+      return ReadStep::Stop;
     }
-    const bool direct =
-        s.inPayload && s.target != nullptr && s.consumer == nullptr && s.remaining >= kDirectReadBytes && s.wpos == 0;
-    uint8_t* dst = direct ? s.target : s.in.get() + s.wpos;
-    // Between frames, read a little: enough to batch small frames, not so much that a following
-    // large payload lands in the staging buffer and has to be copied again. A payload for a
-    // consumer is read up to its end only, for the same reason (what is buffered of it is less
-    // than what it still owes, or it would have been handed on above).
-    const size_t room = kInBufBytes - s.wpos;
-    const size_t len = direct                  ? s.remaining
-                       : s.consumer != nullptr ? std::min(room, s.remaining - (s.wpos - s.rpos))
-                       : s.inPayload           ? room
-                                               : std::min(room, kHeaderReadBytes);
-    const int fd = s.sock.fd();
-    const bool midPayload = s.inPayload;
+    return ReadStep::More;
+  }
+  if (s.wpos == s.rpos) return ReadStep::Empty;
+  size_t take = std::min(s.wpos - s.rpos, s.remaining);
+  // A consumer takes whole elements; the payload's end is whole (sliceWhole).
+  if (s.consumer != nullptr && take < s.remaining) take -= take % s.consumer->granule();
+  if (take == 0) return ReadStep::Empty;  // part of an element: the rest is read from the socket
+  if (s.consumer != nullptr) {
+    // Handed on unlocked, like a read: `reading` keeps failLocked off this stream's buffer and
+    // receive meanwhile, and other streams' slices of the message go on at once.
+    ReceiveConsumer* consumer = s.consumer;
+    const uint8_t* src = s.in.get() + s.rpos;
+    const size_t at = s.consumeAt;
     s.reading = true;
     lock.unlock();
-    ssize_t n = recv(fd, dst, len, MSG_DONTWAIT);
-    const int err = errno;
-    if (options_.quickAck && (n >= kQuickAckBytes || (n > 0 && midPayload))) setQuickAck(fd);
+    consumer->consume(src, at, take);
     lock.lock();
     s.reading = false;
-    ++reads;
     if (closed_) {
       abandonReadLocked(s);
-      return Status::success();
+      *st = Status::success();
+      return ReadStep::Stop;
     }
-    if (n > 0) {
-      moved_ += static_cast<uint64_t>(n);
-      if (direct) {
-        s.target += n;
-        s.remaining -= static_cast<size_t>(n);
-        if (s.remaining == 0) {
-          Status st = finishPayloadLocked(s);
-          if (!st.ok) return st;
-        }
-      } else {
-        s.wpos += static_cast<size_t>(n);
-        drained = static_cast<size_t>(n) < len;
-      }
-      continue;
-    }
-    if (n == 0) {
-      // Other streams may still hold the tail of a striped message: the connection is closed
-      // only once every stream has reached its end (see onReadable).
-      s.eof = true;
-      recvEngine_->remove(fd);
-      return Status::success();
-    }
-    if (err == EINTR) continue;
-    if (err == EAGAIN || err == EWOULDBLOCK) return Status::success();
-    return Status::error(
-        ErrorCode::Remote,
-        strFormat("receiving from rank %d failed: %s (did it exit or crash?)", peer_, errnoText(err).c_str()), peer_);
+    s.consumeAt += take;
+    s.target += take;
+  } else if (s.target != nullptr) {
+    kernels::copy(s.target, s.in.get() + s.rpos, take);
+    s.target += take;
   }
+  s.rpos += take;
+  return payloadMovedLocked(s, take, st);
+}
+
+TcpConnection::ReadStep TcpConnection::payloadMovedLocked(Stream& s, size_t n, Status* st) {
+  s.remaining -= n;
+  if (s.remaining == 0) {
+    *st = finishPayloadLocked(s);
+    if (!st->ok) return ReadStep::Stop;
+  }
+  return ReadStep::More;
+}
+
+TcpConnection::ReadStep TcpConnection::readSocketLocked(Stream& s, std::unique_lock<std::mutex>& lock, bool* drained,
+                                                        Status* st) {
+  if (s.rpos == s.wpos) {
+    s.rpos = s.wpos = 0;
+  } else if (s.rpos > 0) {
+    std::memmove(s.in.get(), s.in.get() + s.rpos, s.wpos - s.rpos);
+    s.wpos -= s.rpos;
+    s.rpos = 0;
+  }
+  const bool direct =
+      s.inPayload && s.target != nullptr && s.consumer == nullptr && s.remaining >= kDirectReadBytes && s.wpos == 0;
+  uint8_t* dst = direct ? s.target : s.in.get() + s.wpos;
+  // Between frames, read a little: enough to batch small frames, not so much that a following
+  // large payload lands in the staging buffer and has to be copied again. A payload for a
+  // consumer is read up to its end only, for the same reason (what is buffered of it is less
+  // than what it still owes, or it would have been handed on).
+  const size_t room = kInBufBytes - s.wpos;
+  const size_t len = direct                  ? s.remaining
+                     : s.consumer != nullptr ? std::min(room, s.remaining - (s.wpos - s.rpos))
+                     : s.inPayload           ? room
+                                             : std::min(room, kHeaderReadBytes);
+  const int fd = s.sock.fd();
+  const bool midPayload = s.inPayload;
+  s.reading = true;
+  lock.unlock();
+  ssize_t n = recv(fd, dst, len, MSG_DONTWAIT);
+  const int err = errno;
+  if (options_.quickAck && (n >= kQuickAckBytes || (n > 0 && midPayload))) setQuickAck(fd);
+  lock.lock();
+  s.reading = false;
+  *st = Status::success();
+  if (closed_) {
+    abandonReadLocked(s);
+    return ReadStep::Stop;
+  }
+  if (n > 0) {
+    moved_ += static_cast<uint64_t>(n);
+    if (direct) {
+      s.target += n;
+      return payloadMovedLocked(s, static_cast<size_t>(n), st);
+    }
+    s.wpos += static_cast<size_t>(n);
+    *drained = static_cast<size_t>(n) < len;
+    return ReadStep::More;
+  }
+  if (n == 0) {
+    // Other streams may still hold the tail of a striped message: the connection is closed
+    // only once every stream has reached its end (see onReadable).
+    s.eof = true;
+    recvEngine_->remove(fd);
+    return ReadStep::Stop;
+  }
+  if (err == EINTR) return ReadStep::More;
+  if (err == EAGAIN || err == EWOULDBLOCK) return ReadStep::Stop;
+  *st = Status::error(
+      ErrorCode::Remote,
+      strFormat("receiving from rank %d failed: %s (did it exit or crash?)", peer_, errnoText(err).c_str()), peer_);
+  return ReadStep::Stop;
 }
 
 void TcpConnection::onReadable(int index) noexcept {

@@ -19,12 +19,18 @@
 #include "core/param.hpp"
 #include "core/progress_engine.hpp"
 #include "net/interfaces.hpp"
-#include "transport/tcp/handshake.hpp"
-#include "transport/tcp/on_demand_links.hpp"
+#include "transport/sockets/handshake.hpp"
+#include "transport/sockets/on_demand_links.hpp"
 #include "transport/tcp/tcp_connection.hpp"
 
 namespace loom {
 namespace tcp {
+
+using sockets::Endpoints;
+using sockets::Handshakes;
+using sockets::OnDemandLinks;
+using sockets::StrayRejector;
+
 namespace {
 
 LOOM_PARAM_INT(latencyParam, "LOOM_TCP_LATENCY_US", 40, "cost model: microseconds per message over TCP");
@@ -228,7 +234,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::connect(TransportContext&
   engine_ = ctx.engine;
   // 1. The peers' endpoints, as they published them.
   std::map<int, Endpoints> remote = publishedEndpoints(ctx, peers);
-  // 2. Every socket of every link, connected or accepted, and proved (handshake.hpp).
+  // 2. Every socket of every link, connected or accepted, and proved (sockets/handshake.hpp).
   Handshakes handshakes(ctx, ifaces_, listeners_);
   std::map<int, std::vector<Socket>> sockets = handshakes.run(remote);
   // 3. The connections; from now on the listeners turn newcomers away.

@@ -3,20 +3,10 @@
 // then the lower rank of every pair opens LOOM_SOCKETS_PER_PEER sockets to the higher one, socket
 // k from its interface k mod (its count) to the peer's interface k mod (the peer's count): with
 // two interfaces (two rails, two NICs) and two sockets, a large message is striped over both
-// links. Every socket does the job-key handshake:
-//
-//   acceptor  -> connector: "LOOMPEA1" nonceA[16]
-//   connector -> acceptor : "LOOMPEC1" nonceC[16] commId[16] from to index count (u32 each)
-//                           HMAC(K, "peer-client" nonceA nonceC ids)[32]
-//   acceptor  -> connector: HMAC(K, "peer-server" nonceC nonceA ids)[32]
-//
-// Connections that fail it (strays, scanners, other jobs, other communicators) are closed and
-// logged while setup goes on. After setup the listener stays open and turns every newcomer away.
-//
-// Links made on first use (LOOM_CONNECT=lazy, the default above 8 ranks: on_demand_links.hpp) use the same
-// handshake, started by whichever rank of the pair needs the link first; the acceptor of a dial
-// that crosses its own answers with HMAC(K, "peer-yield" ...) instead of its proof when it is the
-// lower rank (its own dial is kept), and the listeners stay open for them.
+// links. Every socket proves the job key (sockets/handshake.hpp); connections that fail it are
+// closed and logged while setup goes on, and after setup the listener stays open and turns every
+// newcomer away. Links made on first use (LOOM_CONNECT=lazy, the default above 8 ranks) are dialled
+// by whichever rank of the pair needs the link first (sockets/on_demand_links.hpp).
 #pragma once
 
 #include <atomic>
@@ -28,10 +18,12 @@
 #include "transport/transport.hpp"
 
 namespace loom {
-namespace tcp {
+namespace sockets {  // sockets/handshake.hpp, sockets/on_demand_links.hpp
+class StrayRejector;
+class OnDemandLinks;
+}  // namespace sockets
 
-class StrayRejector;  // handshake.hpp
-class OnDemandLinks;  // on_demand_links.hpp
+namespace tcp {
 
 class TcpConnection;
 
@@ -58,9 +50,9 @@ class TcpTransport : public Transport {
  private:
   std::vector<Interface> ifaces_;  // one per interface used, in the order sockets take them
   std::vector<Socket> listeners_;  // by interface
-  std::vector<std::unique_ptr<StrayRejector>> rejectors_;
-  std::unique_ptr<OnDemandLinks> onDemand_;  // with LOOM_CONNECT=lazy
-  ProgressEngine* engine_ = nullptr;         // set in connect(); stopped by the communicator before we go
+  std::vector<std::unique_ptr<sockets::StrayRejector>> rejectors_;
+  std::unique_ptr<sockets::OnDemandLinks> onDemand_;  // with LOOM_CONNECT=lazy
+  ProgressEngine* engine_ = nullptr;                  // set in connect(); stopped by the communicator before we go
 };
 
 }  // namespace tcp

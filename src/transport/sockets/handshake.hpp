@@ -1,10 +1,22 @@
-// Handshakes: forming the sockets of every TCP link of one rank, all peers at once, each proved
-// with the job key (the protocol is in tcp_transport.hpp). The lower rank of a pair connects,
-// socket k from this rank's interface k mod (its count) to the peer's interface k mod (the
-// peer's count); the higher rank accepts on its listeners. Strangers on the listeners (other
-// jobs, other communicators, port scanners) are turned away and counted while setup goes on.
+// Proved sockets between the ranks of a job: the job-key handshake that every TCP link's sockets
+// and every ib link's side channel run, for all peers at once at init (Handshakes, here) or for one
+// peer on first use (on_demand_links.hpp). The lower rank of a pair connects, socket k from this
+// rank's interface k mod (its count) to the peer's interface k mod (the peer's count); the higher
+// rank accepts on its listeners. Each socket proves the job key and names its communicator:
 //
-// One thread: the transport's connect() runs it to completion, polling every socket at once.
+//   acceptor  -> connector: "LOOMPEA1" nonceA[16]
+//   connector -> acceptor : "LOOMPEC1" nonceC[16] commId[16] from to index count (u32 each)
+//                           HMAC(K, "peer-client" nonceA nonceC ids)[32]
+//   acceptor  -> connector: HMAC(K, "peer-server" nonceC nonceA ids)[32]
+//
+// On first use either rank of a pair may dial; the acceptor of a dial that crosses its own answers
+// with HMAC(K, "peer-yield" ...) instead of its proof when it is the lower rank (its own dial is
+// kept). Strangers on the listeners (other jobs, other communicators, port scanners) are turned
+// away and counted while setup goes on; afterwards a listener turns every newcomer away
+// (StrayRejector) or, on first use, keeps accepting.
+//
+// Handshakes is one thread's: the transport's connect() runs it to completion, polling every
+// socket at once.
 #pragma once
 
 #include <chrono>
@@ -22,12 +34,12 @@
 #include "transport/transport.hpp"
 
 namespace loom {
-namespace tcp {
+namespace sockets {
 
 /// A peer's published endpoints: per interface, its listening address and the interface's name.
 using Endpoints = std::vector<std::pair<SockAddr, std::string>>;
 
-// The handshake's messages (tcp_transport.hpp), for Handshakes and for links made on first use
+// The handshake's messages (above), for Handshakes and for links made on first use
 // (on_demand_links.hpp). The acceptor may answer a connector's hello with a yield instead of its
 // proof: both ranks of a pair dialled at once, and the lower rank's dial is the one kept.
 namespace wire {
@@ -151,5 +163,5 @@ class StrayRejector : public PollHandler {
 /// (LOOM_TCP_KEEPALIVE_S).
 void tuneDataSocket(int fd);
 
-}  // namespace tcp
+}  // namespace sockets
 }  // namespace loom

@@ -1,7 +1,7 @@
-// OnDemandLinks: TCP links made on first use (LOOM_CONNECT=lazy). Nothing is connected at init;
+// OnDemandLinks: socket links made on first use (LOOM_CONNECT=lazy). Nothing is connected at init;
 // the first operation on a peer asks for its link (linkTo), and either rank of a pair may ask
 // first: the one that asks dials the other's listener, the other accepts without its
-// application thread, and both run the job-key handshake of tcp_transport.hpp on every socket.
+// application thread, and both run the job-key handshake of handshake.hpp on every socket.
 // When both dial at once, the lower rank's dial is kept: the lower rank answers the higher one's
 // sockets with a yield (an authenticated "not these"), and the higher rank drops its own dial and
 // accepts. The proved sockets of a link go to the transport's Former: TCP makes them a
@@ -23,12 +23,11 @@
 #include "core/progress_engine.hpp"
 #include "net/interfaces.hpp"
 #include "net/socket.hpp"
-#include "transport/tcp/handshake.hpp"
-#include "transport/tcp/tcp_connection.hpp"
+#include "transport/sockets/handshake.hpp"
 #include "transport/transport.hpp"
 
 namespace loom {
-namespace tcp {
+namespace sockets {
 
 class OnDemandLinks {
  public:
@@ -97,5 +96,5 @@ class OnDemandLinks {
   int rejected_ = 0;                               // engine thread only
 };
 
-}  // namespace tcp
+}  // namespace sockets
 }  // namespace loom

@@ -1,4 +1,4 @@
-#include "transport/tcp/handshake.hpp"
+#include "transport/sockets/handshake.hpp"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -18,7 +18,7 @@
 #include "core/status.hpp"
 
 namespace loom {
-namespace tcp {
+namespace sockets {
 namespace {
 
 LOOM_PARAM_INT(socketBufferBytes, "LOOM_SOCKET_BUFFER", 0,
@@ -415,5 +415,5 @@ void Handshakes::throwTimeout() const {
                 in.c_str(), lastError_.empty() ? "" : (" — last error: " + lastError_).c_str()));
 }
 
-}  // namespace tcp
+}  // namespace sockets
 }  // namespace loom

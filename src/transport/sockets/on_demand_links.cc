@@ -1,4 +1,4 @@
-#include "transport/tcp/on_demand_links.hpp"
+#include "transport/sockets/on_demand_links.hpp"
 
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -14,7 +14,7 @@
 #include "core/logging.hpp"
 
 namespace loom {
-namespace tcp {
+namespace sockets {
 namespace {
 
 constexpr std::chrono::milliseconds kTick(50);
@@ -492,5 +492,5 @@ void OnDemandLinks::fail(int peer, const std::string& why) noexcept {
   sink_->linkFailed(peer, s);
 }
 
-}  // namespace tcp
+}  // namespace sockets
 }  // namespace loom
