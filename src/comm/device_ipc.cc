@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/arena_sync.hpp"
+#include "collectives/device_ipc.hpp"
 #include "comm/device_record.hpp"
 #include "comm/device_state.hpp"
 #include "core/format.hpp"
@@ -63,114 +64,6 @@ void runAlone(device::DeviceRuntime& rt, const Args& a, device::StreamHandle wor
   }
   if (a.send != a.recv && a.count > 0) rt.copyAsync(a.recv, a.send, a.count * E, work);
 }
-
-// One collective's work through CUDA IPC once every rank's buffers are mapped: what each kind
-// reads and writes, each step ended by draining the device work and a barrier on the arena.
-struct IpcWork {
-  device::DeviceRuntime& rt;
-  Context& ctx;
-  const LocalArena& ar;
-  const Args& a;
-  const std::vector<DeviceRecord>& recs;
-  const std::vector<const uint8_t*>& sendOf;  // every rank's input, mapped here
-  const std::vector<uint8_t*>& recvOf;        // every rank's shared output, mapped here
-  uint8_t* out;                               // this rank's output (or its bounce)
-  device::StreamHandle work;
-  FunctionRef<void()> drain;
-  const std::string& label;
-  uint64_t step;
-  const size_t N, ME, E;
-
-  void endStep() {
-    drain();
-    barrier(ctx, ar, ++step);
-  }
-  // dst[i] = op over every rank's input at `offset` (reproducible mode: along the canonical tree).
-  void reduceInto(void* dst, size_t offset, size_t count) {
-    std::vector<const void*> srcs(N);
-    for (size_t p = 0; p < N; ++p) srcs[p] = sendOf[p] + offset * E;
-    const int n = static_cast<int>(N);
-    if (isInReproducibleMode(ctx.signature())) {
-      rt.reduceCanonicalAsync(dst, srcs.data(), n, count, a.type, a.op, work);
-    } else {
-      rt.reduceAsync(dst, srcs.data(), n, count, a.type, a.op, a.op == ReduceOp::Avg ? n : 1, work);
-    }
-  }
-  // All-reduce and reduce: each rank reduces its slice into its output (the root's, for reduce);
-  // an all-reduce then copies the other slices from their owners.
-  void reduceSlices(bool all) {
-    const auto slices = planSegments(a.count, static_cast<int>(N));
-    const Segment& s = slices[ME];
-    uint8_t* dst = all ? out : recvOf[static_cast<size_t>(a.root)];
-    if (s.count > 0) reduceInto(dst + s.offset * E, s.offset, s.count);
-    endStep();
-    if (!all) return;
-    gatherSlices(rt, out, recvOf, slices, ME, E, work);
-    endStep();
-  }
-  // Copies block p of the output from `from(p)` for each rank p (skipped where it is in place).
-  template <typename From>
-  void copyBlocks(From from) {
-    const size_t block = a.count * E;
-    for (size_t p = 0; p < N; ++p)
-      if (from(p) != out + p * block) rt.copyAsync(out + p * block, from(p), block, work);
-  }
-  void copyOne(const uint8_t* from) {
-    if (from != out) rt.copyAsync(out, from, a.count * E, work);
-  }
-  // All-to-all with counts per peer: each rank's count for this one must be what this one expects.
-  void allToAllv() {
-    const auto& v = *a.counts;
-    for (size_t p = 0; p < N; ++p) {
-      const DeviceRecord& r = recs[p];
-      const uint64_t theirCount = r.counts[ME], theirDispl = r.counts[N + ME];
-      if (r.nCounts != N || theirCount != v[2 * N + p]) {
-        failDeviceCall(
-            ctx, Status::error(ErrorCode::InvalidUsage,
-                               strFormat("%s: rank %zu sends this rank %llu elements, but this rank "
-                                         "expects %zu from it: the ranks' counts do not match",
-                                         label.c_str(), p, static_cast<unsigned long long>(theirCount), v[2 * N + p]),
-                               static_cast<int>(p), ctx.seq()));
-      }
-      if (theirCount > 0) rt.copyAsync(out + v[3 * N + p] * E, sendOf[p] + theirDispl * E, theirCount * E, work);
-    }
-  }
-
-  void run(Coll kind) {
-    const size_t block = a.count * E;
-    const auto root = static_cast<size_t>(a.root);
-    switch (kind) {
-      case Coll::AllReduce:
-      case Coll::Reduce:
-        return reduceSlices(kind == Coll::AllReduce);
-      case Coll::ReduceScatter:
-        reduceInto(out, ME * a.count, a.count);
-        break;
-      case Coll::Broadcast:
-        copyOne(sendOf[root]);
-        break;
-      case Coll::AllGather:
-        copyBlocks([&](size_t p) { return sendOf[p]; });
-        break;
-      case Coll::Gather:  // the root copies each rank's block from its input
-        if (ME == root) copyBlocks([&](size_t p) { return sendOf[p]; });
-        break;
-      case Coll::Scatter:  // each rank copies its block from the root's input
-        copyOne(sendOf[root] + ME * block);
-        break;
-      case Coll::AllToAll:
-        if (a.counts) {
-          allToAllv();
-        } else {
-          for (size_t p = 0; p < N; ++p) rt.copyAsync(out + p * block, sendOf[p] + ME * block, block, work);
-        }
-        break;
-      case Coll::Barrier:  // host only: takes no buffers
-        break;
-    }
-    endStep();
-  }
-};
 
 // This rank's record of the call: its buffers shared (an in-place all-to-all's input copied first,
 // as the peers read it while this rank overwrites it), its counts per peer. Returns the bounce
@@ -231,15 +124,15 @@ void runIpc(detail::CommImpl& comm, Coll kind, const Args& a, uint64_t sig, int6
     uint64_t step = ar.steps[ME]->load(std::memory_order_relaxed);
     // 2. The peers' records (the same call?), their buffers mapped.
     const std::vector<DeviceRecord> recs = exchangeRecords(ctx, ar, mine, &step, label);
-    std::vector<const uint8_t*> sendOf(N);
-    std::vector<uint8_t*> recvOf(N);
-    for (size_t p = 0; p < N; ++p) {
-      sendOf[p] = peerDeviceBuffer(comm, rt, mine, recs[p], p == ME, recs[p].sendPtr, recs[p].send, a.device);
-      recvOf[p] = peerDeviceBuffer(comm, rt, mine, recs[p], p == ME, recs[p].recvPtr, recs[p].recv, a.device);
-    }
-    // 3. The work.
     uint8_t* out = bounce != nullptr ? bounce : static_cast<uint8_t*>(a.recv);
-    IpcWork{rt, ctx, ar, a, recs, sendOf, recvOf, out, work, drain, label, step, N, ME, a.elem}.run(kind);
+    coll::DeviceIpcCall call{rt, work, drain, label, std::vector<const uint8_t*>(N), std::vector<uint8_t*>(N), out, {}};
+    for (size_t p = 0; p < N; ++p) {
+      call.sendOf[p] = peerDeviceBuffer(comm, rt, mine, recs[p], p == ME, recs[p].sendPtr, recs[p].send, a.device);
+      call.recvOf[p] = peerDeviceBuffer(comm, rt, mine, recs[p], p == ME, recs[p].recvPtr, recs[p].recv, a.device);
+      if (a.counts) call.counts.push_back(coll::PeerCounts{recs[p].nCounts, recs[p].counts});
+    }
+    // 3. The work (collectives/device_ipc.hpp).
+    coll::runDeviceIpc(ctx, ar, kind, a, call, &step);
     // After the last barrier no peer touches the bounce any more.
     if (bounce != nullptr) {
       rt.copyAsync(a.recv, bounce, a.count * a.elem, work);
@@ -268,18 +161,8 @@ bool deviceIpcUsable(const detail::CommImpl& c, Coll kind, bool varCounts) {
 }
 
 Work launchOnDeviceIpc(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig) {
-  device::DeviceRuntime* rt = device::runtime();
-  if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
-  rejectCapture(*rt, stream, c, collName(kind));
-  rt->prepare(a.device);
-  std::shared_ptr<DeviceState> st = stateOf(c, *rt);
-  device::EventHandle ready = rt->recordEvent(stream);
-  auto body = [&c, st, kind, a, sig, ready](int64_t seq) {
-    awaitInput(st->rt(), ready, a.device, c,
-               strFormat("the work queued on the stream before %s #%lld", collName(kind), static_cast<long long>(seq)));
-    runIpc(c, kind, a, sig, seq, *st);
-  };
-  return holdStream(*rt, st, stream, ready, [&] { return c.submit(collName(kind), body, sig); });
+  return launchDeviceCall(c, kind, a.device, stream, sig, 1,
+                          [&c, kind, a, sig](int64_t seq, DeviceState& st) { runIpc(c, kind, a, sig, seq, st); });
 }
 
 }  // namespace detail

@@ -9,18 +9,10 @@
 //   1. wait for the input event; write this rank's device record (call, buffers' IPC handles and
 //      offsets, all-to-all-v counts) in the node's arena; barrier;
 //   2. check every peer's record names the same call, map the peers' buffers (cached);
-//   3. the work, on the communicator's device stream, then wait for it; barrier. All-reduce:
-//      reduce-scatter by direct loads (each rank reduces its slice of every rank's input with the
-//      n-input kernel, in rank order, into its output), barrier, then all-gather (each copies the
-//      other slices from their owners' outputs), barrier. Reduce: each rank reduces its slice into
-//      the root's output. Broadcast, all-gather, all-to-all(v): copies from the peers' inputs.
-//      Reduce-scatter: each reduces its own block of every input.
+//   3. the work, on the communicator's device stream, each step drained and ended by a barrier:
+//      the algorithm of collectives/device_ipc.hpp (who reduces and copies what, in rank order);
 //   4. the last barrier means every peer has finished reading this rank's buffers: the caller's
 //      stream is released and may overwrite them.
-// Each element is reduced once, by one rank, in rank order: every rank holds the same bits. HBM
-// traffic of the all-reduce is about 2·S per rank (S read for the reduction, S/n written, the
-// rest of the output read and written once), the bound the issue measures against.
-//
 // A lone rank (size 1) has no peers: its collectives are device copies on the same path.
 #pragma once
 

@@ -395,20 +395,10 @@ bool deviceNodesUsable(const detail::CommImpl& c, Coll kind) {
 }
 
 Work launchAcrossNodesOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig) {
-  device::DeviceRuntime* rt = device::runtime();
-  if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
-  rejectCapture(*rt, stream, c, collName(kind));
-  rt->prepare(a.device);
-  std::shared_ptr<DeviceState> st = stateOf(c, *rt);
-  device::EventHandle ready = rt->recordEvent(stream);
-  auto body = [&c, st, kind, a, sig, ready](int64_t seq) {
-    awaitInput(st->rt(), ready, a.device, c,
-               strFormat("the work queued on the stream before %s #%lld", collName(kind), static_cast<long long>(seq)));
-    run(c, kind, a, sig, seq, *st);
-  };
   // One sequence number for the exchange within the node, one per chunk across nodes.
   const auto seqs = static_cast<int64_t>(1 + chunksOf(c, kind, a));
-  return holdStream(*rt, st, stream, ready, [&] { return c.submit(collName(kind), body, sig, seqs); });
+  return launchDeviceCall(c, kind, a.device, stream, sig, seqs,
+                          [&c, kind, a, sig](int64_t seq, DeviceState& st) { run(c, kind, a, sig, seq, st); });
 }
 
 }  // namespace detail

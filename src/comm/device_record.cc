@@ -29,11 +29,6 @@ void noteBounce(const Error& e) {
 
 }  // namespace
 
-void failDeviceCall(const Context& ctx, Status s) {
-  ctx.comm().failureState()->fail(s);
-  throw s.toError(ctx.comm().rank());
-}
-
 void failCommunicatorWithCurrent(detail::CommImpl& comm, const std::string& label) {
   Status s = statusFromCurrentException();
   if (comm.failureState()->failed()) return;
@@ -103,14 +98,6 @@ uint8_t* peerDeviceBuffer(detail::CommImpl& comm, device::DeviceRuntime& rt, con
     return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr));
   }
   return static_cast<uint8_t*>(comm.ipcCache()->map(rt, theirs.proc, h)) + h.offset;
-}
-
-void gatherSlices(device::DeviceRuntime& rt, uint8_t* out, const std::vector<uint8_t*>& owners,
-                  const std::vector<Segment>& slices, size_t me, size_t elem, device::StreamHandle work) {
-  for (size_t p = 0; p < slices.size(); ++p) {
-    const Segment& t = slices[p];
-    if (p != me && t.count > 0) rt.copyAsync(out + t.offset * elem, owners[p] + t.offset * elem, t.count * elem, work);
-  }
 }
 
 }  // namespace detail

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/context.hpp"
+#include "collectives/device_ipc.hpp"
 #include "collectives/plan.hpp"
 #include "comm/comm_impl.hpp"
 #include "comm/device_ipc.hpp"
@@ -24,6 +25,8 @@ namespace detail {
 using coll::Segment;
 
 using coll::Context;
+using coll::failDeviceCall;
+using coll::gatherSlices;
 
 /// A rank's record: the call it is in and where its buffers are. Written by the rank into its
 /// arena slot before a barrier; read by its peers after it, until the call's next barrier.
@@ -40,9 +43,6 @@ struct DeviceRecord {
   uint32_t pad = 0;
   uint64_t counts[2 * kIpcMaxAllToAllvRanks] = {};
 };
-
-/// Fails the communicator with `s` (so that the peers waiting at a barrier learn it) and throws.
-[[noreturn]] void failDeviceCall(const Context& ctx, Status s);
 
 /// In a catch block of a device call: fails the communicator with the error being handled (headed
 /// by `label`) unless it has failed already, so that no peer is left waiting at a barrier.
@@ -67,11 +67,6 @@ std::vector<DeviceRecord> exchangeRecords(const Context& ctx, const LocalArena& 
 /// peer's allocation mapped through the communicator's cache. nullptr where `ptr` is 0.
 uint8_t* peerDeviceBuffer(detail::CommImpl& comm, device::DeviceRuntime& rt, const DeviceRecord& mine,
                           const DeviceRecord& theirs, bool self, uint64_t ptr, const device::IpcHandle& h, int dev);
-
-/// Queues on `work` the copy into `out` of every slice but this rank's (index `me`) from the output
-/// of its owner (`owners[p]` holds slice p, as `out` will).
-void gatherSlices(device::DeviceRuntime& rt, uint8_t* out, const std::vector<uint8_t*>& owners,
-                  const std::vector<Segment>& slices, size_t me, size_t elem, device::StreamHandle work);
 
 }  // namespace detail
 }  // namespace loom

@@ -235,21 +235,10 @@ struct StagedCall {
 }  // namespace
 
 Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream, uint64_t sig, const HostRun& run) {
-  device::DeviceRuntime* rt = device::runtime();
-  if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
-  const char* what = collName(kind);
-  rejectCapture(*rt, stream, c, what);
-  rt->prepare(a.device);
-  std::shared_ptr<DeviceState> st = stateOf(c, *rt);
   const DeviceChunks plan = planDeviceChunks(kind, a.counts ? 1 : a.count, a.elem, c.size(), deviceStagingBytes());
   const size_t chunks = a.counts ? 1 : plan.chunks;
-
-  device::EventHandle ready = rt->recordEvent(stream);
-  auto body = [&c, st, kind, a, run, ready, plan, chunks](int64_t seq) {
-    device::DeviceRuntime& rt = st->rt();
-    awaitInput(rt, ready, a.device, c,
-               strFormat("the work queued on the stream before %s #%lld", collName(kind), static_cast<long long>(seq)));
-    StagedCall call{c, rt, *st, st->streams(a.device), kind, a, plan, chunks};
+  auto body = [&c, kind, a, run, plan, chunks](int64_t seq, DeviceState& st) {
+    StagedCall call{c, st.rt(), st, st.streams(a.device), kind, a, plan, chunks};
     try {
       call.pipeline(seq, run);
     } catch (...) {
@@ -257,8 +246,7 @@ Work launchOnDevice(detail::CommImpl& c, Coll kind, const Args& a, void* stream,
       throw;
     }
   };
-
-  return holdStream(*rt, st, stream, ready, [&] { return c.submit(what, body, sig, static_cast<int64_t>(chunks)); });
+  return launchDeviceCall(c, kind, a.device, stream, sig, static_cast<int64_t>(chunks), body);
 }
 
 }  // namespace detail

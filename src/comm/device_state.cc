@@ -170,5 +170,22 @@ void rejectCapture(device::DeviceRuntime& rt, void* stream, const detail::CommIm
                        what));
 }
 
+Work launchDeviceCall(detail::CommImpl& c, coll::Coll kind, int device, void* stream, uint64_t sig, int64_t seqs,
+                      DeviceBody body) {
+  device::DeviceRuntime* rt = device::runtime();
+  if (rt == nullptr) LOOM_THROW(ErrorCode::Internal, c.rank(), "device collective without a device runtime");
+  const char* what = coll::collName(kind);
+  rejectCapture(*rt, stream, c, what);
+  rt->prepare(device);
+  std::shared_ptr<DeviceState> st = stateOf(c, *rt);
+  device::EventHandle ready = rt->recordEvent(stream);
+  auto run = [&c, st, what, device, body = std::move(body), ready](int64_t seq) {
+    awaitInput(st->rt(), ready, device, c,
+               strFormat("the work queued on the stream before %s #%lld", what, static_cast<long long>(seq)));
+    body(seq, *st);
+  };
+  return holdStream(*rt, st, stream, ready, [&] { return c.submit(what, run, sig, seqs); });
+}
+
 }  // namespace detail
 }  // namespace loom

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/algorithms.hpp"
 #include "comm/comm_impl.hpp"
 #include "core/deadline.hpp"
 #include "device/runtime.hpp"
@@ -104,6 +105,15 @@ Work holdStream(device::DeviceRuntime& rt, const std::shared_ptr<DeviceState>& s
 
 /// Rejects a stream being captured into a CUDA graph: host-driven work cannot be replayed.
 void rejectCapture(device::DeviceRuntime& rt, void* stream, const detail::CommImpl& c, const char* what);
+
+/// A collective's work on device buffers, run on the op queue's thread once the input is ready.
+using DeviceBody = std::function<void(int64_t seq, DeviceState& st)>;
+/// The launch every collective on device buffers shares, whichever way it moves the data: the
+/// stream checked (rejectCapture), the device made current, an event recorded on `stream` for the
+/// input, then `body` queued on the op queue in call order with `seqs` sequence numbers (after
+/// awaitInput), the stream held until it ends (holdStream).
+Work launchDeviceCall(detail::CommImpl& c, coll::Coll kind, int device, void* stream, uint64_t sig, int64_t seqs,
+                      DeviceBody body);
 
 }  // namespace detail
 }  // namespace loom
