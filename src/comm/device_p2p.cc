@@ -88,89 +88,128 @@ const uint8_t* resolve(detail::CommImpl& c, device::DeviceRuntime& rt, const Des
   return static_cast<const uint8_t*>(c.ipcCache()->map(rt, d.proc, d.handle)) + d.handle.offset;
 }
 
-// The body of the general case, on the op queue's thread, with `state` sized to `ops`.
-size_t runOps(detail::CommImpl& c, DeviceState& st, const std::vector<PointToPoint>& ops, int dev,
-              std::vector<Op>& state, detail::Request& done) {
-  device::DeviceRuntime& rt = st.rt();
-  DeviceState::Streams& cs = st.streams(dev);
+// The general case, on the op queue's thread, with `state` sized to `ops`: the sends staged (or
+// exported), everything posted, the receives read, the senders answered, every op waited for.
+struct OpsRun {
+  detail::CommImpl& c;
+  DeviceState& st;
+  device::DeviceRuntime& rt;
+  DeviceState::Streams& cs;
+  const std::vector<PointToPoint>& ops;
+  const int dev;
+  std::vector<Op>& state;
   // The pinned slot's layout (64-byte aligned), and what goes through a device copy.
-  size_t total = 0, bounceTotal = 0;
-  std::vector<size_t> bounceAt(ops.size(), SIZE_MAX);
-  std::vector<bool> exportable(ops.size(), true);
-  std::vector<device::IpcHandle> handles(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    Op& s = state[i];
-    s.bytes = ops[i].count * sizeOf(ops[i].type);
-    s.way = ops[i].peer == kAnySource ? Way::AnySource : ipcLink(c, ops[i].peer) ? Way::Ipc : Way::Staged;
-    if (s.way != Way::Ipc) {
-      s.at = total;
-      const size_t room = s.way == Way::AnySource ? std::max(s.bytes, sizeof(Descriptor)) : s.bytes;
-      total += (room + 63) / 64 * 64;
-    } else if (ops[i].send && s.bytes > 0) {
-      try {
-        handles[i] = rt.ipcExport(ops[i].buf);
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::Cuda) throw;
-        exportable[i] = false;  // a stream-ordered pool's memory: sent from a device copy
-        bounceAt[i] = bounceTotal;
-        bounceTotal += (s.bytes + 255) / 256 * 256;
-      }
-    }
+  uint8_t* h = nullptr;
+  uint8_t* bounce = nullptr;
+  std::vector<size_t> bounceAt;
+  std::vector<bool> exportable;
+  std::vector<device::IpcHandle> handles;
+  std::vector<size_t> answers;  // the receives whose senders wait for an answer
+  Status firstFailure;          // of the receives: every sender is answered first
+
+  OpsRun(detail::CommImpl& comm, DeviceState& s, const std::vector<PointToPoint>& o, int device,
+         std::vector<Op>& opState)
+      : c(comm),
+        st(s),
+        rt(s.rt()),
+        cs(s.streams(device)),
+        ops(o),
+        dev(device),
+        state(opState),
+        bounceAt(o.size(), SIZE_MAX),
+        exportable(o.size(), true),
+        handles(o.size()) {}
+
+  size_t run(detail::Request& done) {
+    layOut();
+    post();
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (!ops[i].send) receive(i);
+    drainStream(rt, cs.d2h, c, "a device receive's copy from its sender's buffer");
+    drainStream(rt, cs.h2d, c, "a staged copy to the device");
+    answer();
+    const size_t received = finish();
+    if (ops.size() == 1 && !ops[0].send) done.setSource(state[0].source);
+    return received;
   }
-  uint8_t* h = st.slot(0, total + 64);
-  uint8_t* bounce = bounceTotal > 0 ? st.deviceScratch(0, bounceTotal) : nullptr;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (!ops[i].send) continue;
-    if (state[i].way == Way::Staged) rt.copyAsync(h + state[i].at, ops[i].buf, state[i].bytes, cs.d2h);
-    if (!exportable[i]) rt.copyAsync(bounce + bounceAt[i], ops[i].buf, state[i].bytes, cs.d2h);
-  }
-  drainStream(rt, cs.d2h, c, "a copy of a device send");
-  const cuda_ipc::ProcessId me = cuda_ipc::thisProcess();
-  // Receives first, then sends, as on host buffers.
-  for (int pass = 0; pass < 2; ++pass)
+
+  // Each op's way, the slot's and the bounce's layout, and the sends' bytes copied there.
+  void layOut() {
+    size_t total = 0, bounceTotal = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
-      const PointToPoint& op = ops[i];
-      if (op.send != (pass == 1)) continue;
       Op& s = state[i];
-      const detail::Label l = labelOf(op, toString(op.type));
-      if (s.way == Way::Staged) {
-        s.req = op.send ? c.isend(h + s.at, op.count, op.type, op.peer, op.tag)
-                        : c.irecv(h + s.at, op.count, op.type, op.peer, op.tag);
-      } else if (s.way == Way::AnySource) {
-        s.req =
-            c.postRecv(kAnySource, h + s.at, std::max(s.bytes, sizeof(Descriptor)), op.tag, l, kDeviceAnySourceRecv);
-      } else if (!op.send) {
-        s.req = c.postRecv(op.peer, &s.desc, sizeof(Descriptor), op.tag, l, kDeviceIpcMessage);
-      } else {
-        Descriptor& d = s.desc;
-        d.proc = me;
-        d.device = dev;
-        d.bytes = s.bytes;
-        d.ackTag = p2pAckTag(st.nextAckNumber());
-        if (s.bytes > 0) {
-          const void* from = exportable[i] ? op.buf : bounce + bounceAt[i];
-          d.ptr = reinterpret_cast<uintptr_t>(from);
-          d.handle = exportable[i] ? handles[i] : rt.ipcExport(from);
+      s.bytes = ops[i].count * sizeOf(ops[i].type);
+      s.way = ops[i].peer == kAnySource ? Way::AnySource : ipcLink(c, ops[i].peer) ? Way::Ipc : Way::Staged;
+      if (s.way != Way::Ipc) {
+        s.at = total;
+        const size_t room = s.way == Way::AnySource ? std::max(s.bytes, sizeof(Descriptor)) : s.bytes;
+        total += (room + 63) / 64 * 64;
+      } else if (ops[i].send && s.bytes > 0) {
+        try {
+          handles[i] = rt.ipcExport(ops[i].buf);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::Cuda) throw;
+          exportable[i] = false;  // a stream-ordered pool's memory: sent from a device copy
+          bounceAt[i] = bounceTotal;
+          bounceTotal += (s.bytes + 255) / 256 * 256;
         }
-        tsanAnswerTick();
-        // The answer's receive before the descriptor goes: it cannot arrive unposted.
-        s.ackReq = c.postRecv(op.peer, &s.ack, sizeof(Ack), d.ackTag, l, kDeviceIpcAck);
-        s.req = c.postSend(op.peer, &d, sizeof(Descriptor), op.tag, l, kDeviceIpcMessage);
       }
     }
-  // Receives: read the peers' bytes in place, or copy the staged ones back. A receive that fails
-  // does not stop the others: every sender through CUDA IPC waits for its answer.
-  std::vector<size_t> answers;
-  Status firstFailure;
-  for (size_t i = 0; i < ops.size(); ++i) {
+    h = st.slot(0, total + 64);
+    bounce = bounceTotal > 0 ? st.deviceScratch(0, bounceTotal) : nullptr;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (!ops[i].send) continue;
+      if (state[i].way == Way::Staged) rt.copyAsync(h + state[i].at, ops[i].buf, state[i].bytes, cs.d2h);
+      if (!exportable[i]) rt.copyAsync(bounce + bounceAt[i], ops[i].buf, state[i].bytes, cs.d2h);
+    }
+    drainStream(rt, cs.d2h, c, "a copy of a device send");
+  }
+
+  // Receives first, then sends, as on host buffers.
+  void post() {
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < ops.size(); ++i)
+        if (ops[i].send == (pass == 1)) postOne(i);
+  }
+  void postOne(size_t i) {
     const PointToPoint& op = ops[i];
     Op& s = state[i];
-    if (op.send) continue;
+    const detail::Label l = labelOf(op, toString(op.type));
+    if (s.way == Way::Staged) {
+      s.req = op.send ? c.isend(h + s.at, op.count, op.type, op.peer, op.tag)
+                      : c.irecv(h + s.at, op.count, op.type, op.peer, op.tag);
+    } else if (s.way == Way::AnySource) {
+      s.req = c.postRecv(kAnySource, h + s.at, std::max(s.bytes, sizeof(Descriptor)), op.tag, l, kDeviceAnySourceRecv);
+    } else if (!op.send) {
+      s.req = c.postRecv(op.peer, &s.desc, sizeof(Descriptor), op.tag, l, kDeviceIpcMessage);
+    } else {
+      Descriptor& d = s.desc;
+      d.proc = cuda_ipc::thisProcess();
+      d.device = dev;
+      d.bytes = s.bytes;
+      d.ackTag = p2pAckTag(st.nextAckNumber());
+      if (s.bytes > 0) {
+        const void* from = exportable[i] ? op.buf : bounce + bounceAt[i];
+        d.ptr = reinterpret_cast<uintptr_t>(from);
+        d.handle = exportable[i] ? handles[i] : rt.ipcExport(from);
+      }
+      tsanAnswerTick();
+      // The answer's receive before the descriptor goes: it cannot arrive unposted.
+      s.ackReq = c.postRecv(op.peer, &s.ack, sizeof(Ack), d.ackTag, l, kDeviceIpcAck);
+      s.req = c.postSend(op.peer, &d, sizeof(Descriptor), op.tag, l, kDeviceIpcMessage);
+    }
+  }
+
+  // Receive i: reads the peer's bytes in place, or copies the staged ones back. A receive that
+  // fails does not stop the others: every sender through CUDA IPC waits for its answer.
+  void receive(size_t i) {
+    const PointToPoint& op = ops[i];
+    Op& s = state[i];
     try {
       s.req->wait();
     } catch (const Error&) {
       if (firstFailure.ok) firstFailure = statusFromCurrentException();
-      continue;
+      return;
     }
     s.source = s.way == Way::AnySource ? s.req->source() : op.peer;
     tsanAnswerTick();
@@ -180,10 +219,10 @@ size_t runOps(detail::CommImpl& c, DeviceState& st, const std::vector<PointToPoi
       s.received = s.req->bytes();
       if (s.received > s.bytes) {
         if (firstFailure.ok) firstFailure = truncationError(s.source, op.tag, s.received, s.bytes);
-        continue;
+        return;
       }
       rt.copyAsync(op.buf, h + s.at, s.received, cs.h2d);
-      continue;
+      return;
     }
     if (s.way == Way::AnySource) std::memcpy(&s.desc, h + s.at, sizeof(Descriptor));
     if (s.desc.magic != kMagic) {
@@ -197,49 +236,52 @@ size_t runOps(detail::CommImpl& c, DeviceState& st, const std::vector<PointToPoi
       s.ack.refused = 1;
       s.ack.capacity = s.bytes;
       if (firstFailure.ok) firstFailure = truncationError(s.source, op.tag, s.desc.bytes, s.bytes);
-      continue;
+      return;
     }
     s.received = s.desc.bytes;
     if (s.received > 0) rt.copyAsync(op.buf, resolve(c, rt, s.desc, dev), s.received, cs.d2h);
   }
-  drainStream(rt, cs.d2h, c, "a device receive's copy from its sender's buffer");
-  drainStream(rt, cs.h2d, c, "a staged copy to the device");
-  // The bytes are read (or refused): the senders may reuse their buffers.
-  if (!answers.empty()) tsanAnswerTick();
-  for (size_t i : answers) {
-    Op& s = state[i];
-    s.ackSent =
-        c.postSend(s.source, &s.ack, sizeof(Ack), s.desc.ackTag, labelOf(ops[i], toString(ops[i].type)), kDeviceIpcAck);
-  }
-  if (!firstFailure.ok) {
+
+  // The bytes are read (or refused): the senders may reuse their buffers. Then a receive's
+  // failure is this call's.
+  void answer() {
+    if (!answers.empty()) tsanAnswerTick();
+    for (size_t i : answers) {
+      Op& s = state[i];
+      s.ackSent = c.postSend(s.source, &s.ack, sizeof(Ack), s.desc.ackTag, labelOf(ops[i], toString(ops[i].type)),
+                             kDeviceIpcAck);
+    }
+    if (firstFailure.ok) return;
     for (size_t i : answers) state[i].ackSent->wait();
     throw firstFailure.toError(c.rank());
   }
-  size_t received = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    Op& s = state[i];
-    if (ops[i].send) {
-      s.req->wait();
-      if (s.ackReq) {
-        s.ackReq->wait();
-        tsanAnswerTick();
-        if (s.ack.refused != 0)
-          throw Status::error(
-              ErrorCode::InvalidUsage,
-              strFormat("message of %zu bytes to rank %d (tag %u) is larger than the receive buffer "
-                        "rank %d posted (%llu bytes)",
-                        s.bytes, ops[i].peer, ops[i].tag, ops[i].peer, static_cast<unsigned long long>(s.ack.capacity)),
-              ops[i].peer)
-              .toError(c.rank());
+
+  // Every send and its answer, every answer sent; the bytes received.
+  size_t finish() {
+    size_t received = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      Op& s = state[i];
+      if (!ops[i].send) {
+        if (s.ackSent) s.ackSent->wait();
+        received += s.received;
+        continue;
       }
-    } else {
-      if (s.ackSent) s.ackSent->wait();
-      received += s.received;
+      s.req->wait();
+      if (!s.ackReq) continue;
+      s.ackReq->wait();
+      tsanAnswerTick();
+      if (s.ack.refused != 0)
+        throw Status::error(
+            ErrorCode::InvalidUsage,
+            strFormat("message of %zu bytes to rank %d (tag %u) is larger than the receive buffer "
+                      "rank %d posted (%llu bytes)",
+                      s.bytes, ops[i].peer, ops[i].tag, ops[i].peer, static_cast<unsigned long long>(s.ack.capacity)),
+            ops[i].peer)
+            .toError(c.rank());
     }
+    return received;
   }
-  if (ops.size() == 1 && !ops[0].send) done.setSource(state[0].source);
-  return received;
-}
+};
 
 }  // namespace
 
@@ -286,7 +328,7 @@ Work launchPointToPointOnDevice(detail::CommImpl& c, const std::vector<PointToPo
     awaitInput(st->rt(), ready, dev, c, "the work queued on the stream before a device send/recv");
     auto state = std::make_shared<std::vector<Op>>(ops.size());
     try {
-      return runOps(c, *st, ops, dev, *state, done);
+      return OpsRun(c, *st, ops, dev, *state).run(done);
     } catch (...) {
       // Descriptors and answers are the buffers of messages still posted: they outlive them.
       for (const Op& s : *state)
