@@ -11,13 +11,30 @@
 //    sleeps on the word when there is nothing to do.
 //
 // The waiter protocol is the engine's too. Callers' threads post work and, while they wait, poll
-// the connections themselves (no thread hand-off on the path); the engine is told when a thread
-// enters or leaves an operation in which it polls (attend), when it polls one source
-// (pollBegin/pollEnd), and when it goes to sleep instead (waiting). Those counts are what a
-// writer reads to decide whether to wake the engine (for a wake word they live beside it, in
-// memory the peers share); the engine takes a source back when the last thread leaves it, and
-// every source when a thread goes to sleep. When a thread spins, yields or sleeps, the engine's
-// own and a waiter's (Request::waitUntil), is core/progress_policy.hpp.
+// the connections themselves (no thread hand-off on the path). Who polls what, when:
+//
+//   thread                          polls                        and tells the engines
+//   a collective's thread (the op   its peers' links, through    attend(true) for as long as it
+//   queue's, or the caller's that   its requests' waits          runs (detail::AttendScope)
+//   runs queued ops itself)
+//   a thread in Request::waitUntil  the link of the request's    pollBegin/pollEnd around the
+//   (spinning, progress_policy.hpp) peer; now and then another   spin (the engine stays off that
+//                                                                source: polled())
+//   the same thread, asleep once    nothing                      attend(false) and waiting(true)
+//   its spin budget is spent                                     while asleep
+//   a descriptor engine's thread    epoll: the sockets armed,    -
+//   (receive; send for writes the   listeners, a completion
+//   caller's thread left)           channel
+//   a wake-word engine's thread     every source, when woken;    -
+//   (shared memory)                 sleeps when none needsEngine
+//
+// The counts these calls keep are what a writer reads to decide whether to wake an engine (for a
+// wake word they live beside it, in memory the peers share). When the last thread polling a source
+// leaves it, or a thread goes to sleep, the engine takes the source back: resume(sleeper) — TCP
+// then arms its sockets' reads, which it leaves unarmed while the callers' threads read them
+// themselves. needsEngine says a source has work only the engine will do now (requests posted
+// outside an attended operation), hasWork that anything at all waits to move (a sleeper's
+// hand-over looks at it). When a thread spins, yields or sleeps is core/progress_policy.hpp.
 //
 // One engine watches one kind: a futex cannot join an epoll set, and the alternative (an eventfd
 // per rank passed to the peers) needs a channel that network namespaces and containers often cut.
