@@ -135,5 +135,8 @@ class TagMatcher {
 /// The error every transport gives a message larger than the receive it matched: the receive
 /// fails (and the message is dropped), the link goes on.
 Status truncationError(int peer, uint32_t tag, size_t message, size_t capacity);
+/// Its sender's side: the message of `bytes` to `peer` on `tag` was refused as larger than the
+/// receive that matched it there.
+Status refusedAsTooLarge(int peer, uint32_t tag, size_t bytes);
 
 }  // namespace loom

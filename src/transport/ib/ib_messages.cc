@@ -166,11 +166,7 @@ void IbConnection::nackLocked(const Header& h) noexcept {
   std::shared_ptr<SendOp> op = it->second;
   awaitingCts_.erase(it);
   op->req->fail(h.sig != 0 ? signatureMismatch(peer_, h.sig, rank_, op->sig)
-                           : Status::error(ErrorCode::InvalidUsage,
-                                           strFormat("message of %zu bytes to rank %d (tag %u) is larger than the "
-                                                     "receive buffer rank %d posted",
-                                                     op->bytes, peer_, op->tag, peer_),
-                                           peer_));
+                           : refusedAsTooLarge(peer_, op->tag, op->bytes));
 }
 
 void IbConnection::queueLocked(Outgoing o) noexcept { outq_.push_back(std::make_unique<Outgoing>(std::move(o))); }

@@ -436,11 +436,7 @@ Status ShmConnection::onAnswerLocked(const Frame& f) {
     op->req->complete(op->bytes);
   } else if (type == FrameType::Nack) {
     op->req->fail(f.sig != 0 ? signatureMismatch(peer_, f.sig, rank_, op->signature)
-                             : Status::error(ErrorCode::InvalidUsage,
-                                             strFormat("message of %zu bytes to rank %d (tag %u) is larger than "
-                                                       "the receive buffer rank %d posted",
-                                                       op->bytes, peer_, op->tag, peer_),
-                                             peer_));
+                             : refusedAsTooLarge(peer_, op->tag, op->bytes));
   } else {
     Out o;
     o.frame.type = static_cast<uint8_t>(FrameType::Data);

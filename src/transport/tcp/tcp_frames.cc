@@ -230,11 +230,7 @@ Status TcpConnection::onCtsLocked(const FrameHeader& h) {
   awaitingCts_.erase(it);
   if ((h.flags & 1) == 0) {
     op->req->fail((h.flags & 2) != 0 ? signatureMismatch(peer_, h.a, rank_, op->signature)
-                                     : Status::error(ErrorCode::InvalidUsage,
-                                                     strFormat("rank %d's matching receive (tag %u) is smaller than "
-                                                               "this message of %zu bytes",
-                                                               peer_, op->tag, op->bytes),
-                                                     peer_));
+                                     : refusedAsTooLarge(peer_, op->tag, op->bytes));
     return Status::success();
   }
   if (op->bytes == 0) {
